@@ -1,0 +1,15 @@
+"""opband's pure core: bundle format, alignment, metrics, budgets, verdicts and reports.
+
+Imports neither ``hooks`` nor ``api``, and no torch, web or database code.
+"""
+
+from accuracy.bundle import Bundle, BundleWriter
+from accuracy.compare import ComparisonReport, OpResult, compare
+from accuracy.errors import BundleError, ConfigError, OpbandError
+from accuracy.manifest import Manifest, Record
+from accuracy.metrics import Metrics, compare_arrays
+
+__all__ = [
+    "Bundle", "BundleError", "BundleWriter", "ComparisonReport", "ConfigError", "Manifest", "Metrics",
+    "OpResult", "OpbandError", "Record", "compare", "compare_arrays",
+]

@@ -1,0 +1,344 @@
+"""The opband bundle: one safetensors file whose ``__metadata__`` carries the JSON manifest.
+
+A bundle is a valid safetensors file, so any safetensors tool can open it. The writer streams
+tensor bytes to a side file while the run proceeds and assembles the final file on close, so
+memory never holds more than one tensor. The reader validates the header strictly (see
+``docs/bundle-format.md``) and memory-maps tensors; it never unpickles anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from accuracy.errors import BundleError
+from accuracy.manifest import FORMAT_NAME, Manifest, Record, parse_manifest
+
+#: Header size limit, as in the safetensors reference implementation.
+MAX_HEADER_BYTES = 100_000_000
+
+#: safetensors dtype tag -> (numpy storage dtype, element size). BF16 and F8 are stored raw.
+DTYPES: dict[str, tuple[np.dtype, int]] = {
+    "F64": (np.dtype("<f8"), 8),
+    "F32": (np.dtype("<f4"), 4),
+    "F16": (np.dtype("<f2"), 2),
+    "BF16": (np.dtype("<u2"), 2),
+    "F8_E4M3": (np.dtype("u1"), 1),
+    "F8_E5M2": (np.dtype("u1"), 1),
+    "I64": (np.dtype("<i8"), 8),
+    "I32": (np.dtype("<i4"), 4),
+    "I16": (np.dtype("<i2"), 2),
+    "I8": (np.dtype("i1"), 1),
+    "U8": (np.dtype("u1"), 1),
+    "BOOL": (np.dtype("?"), 1),
+}
+
+_META_FORMAT = "format"
+_META_MANIFEST = "opband.manifest"
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor lives in the data buffer."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.begin
+
+
+class BundleWriter:
+    """Streams tensors into a bundle; call :meth:`close` with the manifest to finish.
+
+    Tensor bytes go to ``<path>.data.partial`` as they arrive; ``close`` writes the header and
+    appends the data with a kernel-side copy, then renames into place, so a crashed run never
+    leaves a file that looks complete.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._data_path = self.path.with_name(self.path.name + ".data.partial")
+        self._data: BinaryIO | None = open(self._data_path, "wb")  # noqa: SIM115
+        self._tensors: dict[str, TensorInfo] = {}
+        self._offset = 0
+
+    @property
+    def bytes_written(self) -> int:
+        return self._offset
+
+    def add(self, name: str, dtype: str, shape: tuple[int, ...], data: bytes | memoryview) -> None:
+        """Append one tensor's raw little-endian bytes under ``name``."""
+        if self._data is None:
+            raise BundleError("bundle writer is closed")
+        if name in self._tensors:
+            raise BundleError(f"duplicate tensor name {name!r}")
+        if dtype not in DTYPES:
+            raise BundleError(f"unsupported dtype tag {dtype!r}")
+        size = int(np.prod(shape, dtype=np.int64)) * DTYPES[dtype][1]
+        view = memoryview(data).cast("B")
+        if view.nbytes != size:
+            raise BundleError(f"tensor {name!r}: {view.nbytes} bytes given, shape needs {size}")
+        self._data.write(view)
+        self._tensors[name] = TensorInfo(name, dtype, tuple(shape), self._offset, self._offset + size)
+        self._offset += size
+
+    def add_array(self, name: str, array: np.ndarray, dtype: str | None = None) -> None:
+        """Append a numpy array; ``dtype`` overrides the tag (for raw BF16/F8 payloads)."""
+        tag = dtype or numpy_tag(array.dtype)
+        self.add(name, tag, tuple(array.shape), np.ascontiguousarray(array).data)
+
+    def close(self, manifest: Manifest) -> Path:
+        """Write header + data to ``path`` atomically and return it."""
+        if self._data is None:
+            raise BundleError("bundle writer is closed")
+        self._data.close()
+        self._data = None
+        header: dict[str, Any] = {
+            "__metadata__": {
+                _META_FORMAT: FORMAT_NAME,
+                _META_MANIFEST: manifest.model_dump_json(exclude_none=True),
+            }
+        }
+        for info in self._tensors.values():
+            header[info.name] = {
+                "dtype": info.dtype,
+                "shape": list(info.shape),
+                "data_offsets": [info.begin, info.end],
+            }
+        raw = json.dumps(header, separators=(",", ":")).encode()
+        raw += b" " * (-len(raw) % 8)  # align the data buffer to 8 bytes, as safetensors does
+        partial = self.path.with_name(self.path.name + ".partial")
+        with open(partial, "wb") as out, open(self._data_path, "rb") as data:
+            out.write(struct.pack("<Q", len(raw)))
+            out.write(raw)
+            out.flush()
+            _copy_file(data, out)
+        os.replace(partial, self.path)
+        self._data_path.unlink(missing_ok=True)
+        return self.path
+
+    def abort(self) -> None:
+        """Drop everything written so far."""
+        if self._data is not None:
+            self._data.close()
+            self._data = None
+        self._data_path.unlink(missing_ok=True)
+
+    def __enter__(self) -> BundleWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._data is not None:
+            self.abort()
+
+
+def _copy_file(src: BinaryIO, dst: BinaryIO) -> None:
+    """Append all of ``src`` to ``dst``, in the kernel where the platform allows."""
+    total = os.fstat(src.fileno()).st_size
+    try:
+        done = 0
+        while done < total:
+            n = os.copy_file_range(src.fileno(), dst.fileno(), total - done)
+            if n == 0:
+                break
+            done += n
+        if done == total:
+            return
+        src.seek(done)
+    except (AttributeError, OSError):
+        src.seek(0)
+    shutil.copyfileobj(src, dst, 16 << 20)
+
+
+def numpy_tag(dtype: np.dtype) -> str:
+    """safetensors tag for a numpy dtype."""
+    for tag, (np_dtype, _) in DTYPES.items():
+        if tag in ("BF16", "F8_E4M3", "F8_E5M2"):
+            continue
+        if np.dtype(dtype).newbyteorder("<") == np_dtype or np.dtype(dtype) == np_dtype:
+            return tag
+    raise BundleError(f"numpy dtype {dtype} has no bundle tag")
+
+
+class Bundle:
+    """A validated, read-only bundle. Tensors are memory-mapped on demand."""
+
+    def __init__(self, path: Path, manifest: Manifest, tensors: dict[str, TensorInfo], data_start: int):
+        self.path = path
+        self.manifest = manifest
+        self.tensors = tensors
+        self._data_start = data_start
+        self._records_by_id = {r.id: r for r in manifest.records}
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> Bundle:
+        """Open and validate ``path``; raises :class:`BundleError` saying what is wrong."""
+        path = Path(path)
+        try:
+            size = path.stat().st_size
+            with open(path, "rb") as f:
+                header, data_start = read_header(f, size)
+        except OSError as e:
+            raise BundleError(f"cannot read bundle {path}: {e.strerror}") from e
+        metadata = header.pop("__metadata__", None)
+        tensors = _validate_tensors(header, size - data_start)
+        manifest = _manifest_from_metadata(metadata)
+        _check_manifest_against_tensors(manifest, tensors)
+        return cls(path, manifest, tensors, data_start)
+
+    @property
+    def records(self) -> list[Record]:
+        return self.manifest.records
+
+    def record(self, record_id: str) -> Record:
+        return self._records_by_id[record_id]
+
+    def raw(self, name: str) -> np.ndarray:
+        """The stored array (BF16/F8 as their raw integer words), memory-mapped, read-only."""
+        info = self.tensors[name]
+        np_dtype = DTYPES[info.dtype][0]
+        if info.nbytes == 0:
+            return np.zeros(info.shape, dtype=np_dtype)
+        return np.memmap(
+            self.path, dtype=np_dtype, mode="r", offset=self._data_start + info.begin, shape=info.shape
+        )
+
+    def values(self, name: str) -> np.ndarray:
+        """The tensor as a numeric numpy array, decoding BF16/F8 to float32 (lazily mapped)."""
+        info = self.tensors[name]
+        raw = self.raw(name)
+        return decode(raw, info.dtype)
+
+    def iter_chunks(self, name: str, chunk: int = 1 << 20) -> Iterator[np.ndarray]:
+        """Flat chunks of the decoded tensor, ``chunk`` elements each."""
+        flat = self.raw(name).reshape(-1)
+        tag = self.tensors[name].dtype
+        for start in range(0, flat.shape[0], chunk):
+            yield decode(flat[start : start + chunk], tag)
+
+
+def decode(raw: np.ndarray, tag: str) -> np.ndarray:
+    """Decode a stored array to a numpy numeric array (BF16 and F8 become float32)."""
+    if tag == "BF16":
+        return (raw.astype(np.uint32) << 16).view(np.float32)
+    if tag in ("F8_E4M3", "F8_E5M2"):
+        return _decode_fp8(raw, tag)
+    return raw
+
+
+def _fp8_table(tag: str) -> np.ndarray:
+    codes = np.arange(256, dtype=np.uint32)
+    sign = np.where(codes & 0x80, -1.0, 1.0)
+    if tag == "F8_E4M3":
+        exp_bits, man_bits, bias = 4, 3, 7
+    else:
+        exp_bits, man_bits, bias = 5, 2, 15
+    exp = (codes >> man_bits) & ((1 << exp_bits) - 1)
+    man = codes & ((1 << man_bits) - 1)
+    normal = (1 + man / (1 << man_bits)) * np.exp2(exp.astype(np.float64) - bias)
+    subnormal = (man / (1 << man_bits)) * np.exp2(1.0 - bias)
+    values = sign * np.where(exp == 0, subnormal, normal)
+    top = (1 << exp_bits) - 1
+    if tag == "F8_E4M3":  # e4m3fn: no infinities, only S.1111.111 is NaN
+        values[(exp == top) & (man == 7)] = np.nan
+    else:
+        values[(exp == top) & (man == 0)] = sign[(exp == top) & (man == 0)] * np.inf
+        values[(exp == top) & (man != 0)] = np.nan
+    return values.astype(np.float32)
+
+
+_FP8_TABLES: dict[str, np.ndarray] = {}
+
+
+def _decode_fp8(raw: np.ndarray, tag: str) -> np.ndarray:
+    if tag not in _FP8_TABLES:
+        _FP8_TABLES[tag] = _fp8_table(tag)
+    return _FP8_TABLES[tag][raw]
+
+
+def read_header(f: BinaryIO, size: int) -> tuple[dict[str, Any], int]:
+    """Read and JSON-decode the safetensors header; returns (header, data start offset)."""
+    if size < 8:
+        raise BundleError(f"file is {size} bytes; a bundle starts with an 8-byte header length")
+    (n,) = struct.unpack("<Q", f.read(8))
+    if n > MAX_HEADER_BYTES:
+        raise BundleError(f"header length {n} exceeds the {MAX_HEADER_BYTES}-byte limit")
+    if 8 + n > size:
+        raise BundleError(f"header length {n} runs past the end of the {size}-byte file (truncated?)")
+    raw = f.read(n)
+    if not raw.startswith(b"{"):
+        raise BundleError("header does not start with '{': not a safetensors/opband bundle")
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BundleError(f"header is not valid UTF-8 JSON: {e}") from e
+    if not isinstance(header, dict):
+        raise BundleError("header must be a JSON object")
+    return header, 8 + n
+
+
+def _validate_tensors(header: dict[str, Any], buffer_size: int) -> dict[str, TensorInfo]:
+    infos: list[TensorInfo] = []
+    for name, entry in header.items():
+        if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
+            raise BundleError(f"tensor {name!r}: entry must have exactly dtype, shape, data_offsets")
+        dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+        if dtype not in DTYPES:
+            raise BundleError(f"tensor {name!r}: unknown dtype {dtype!r}")
+        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+            raise BundleError(f"tensor {name!r}: shape must be a list of non-negative integers")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)):
+            raise BundleError(f"tensor {name!r}: data_offsets must be two integers")
+        begin, end = offsets
+        expected = int(np.prod(shape, dtype=object)) * DTYPES[dtype][1]
+        if begin < 0 or end < begin or end - begin != expected:
+            raise BundleError(f"tensor {name!r}: data_offsets {offsets} do not match shape {shape} x {dtype}")
+        infos.append(TensorInfo(name, dtype, tuple(shape), begin, end))
+    infos.sort(key=lambda t: (t.begin, t.end))
+    cursor = 0
+    for info in infos:
+        if info.begin != cursor:
+            raise BundleError(f"tensor {info.name!r}: data starts at {info.begin}, expected {cursor} (hole or overlap)")
+        cursor = info.end
+    if cursor != buffer_size:
+        raise BundleError(f"data buffer is {buffer_size} bytes but tensors cover {cursor} (truncated or trailing bytes)")
+    return {t.name: t for t in infos}
+
+
+def _manifest_from_metadata(metadata: Any) -> Manifest:
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise BundleError("no __metadata__ string map: this is a safetensors file but not an opband bundle")
+    if metadata.get(_META_FORMAT) != FORMAT_NAME or _META_MANIFEST not in metadata:
+        raise BundleError(f"__metadata__ lacks format={FORMAT_NAME!r} and {_META_MANIFEST!r}: not an opband bundle")
+    return parse_manifest(metadata[_META_MANIFEST])
+
+
+def _check_manifest_against_tensors(manifest: Manifest, tensors: dict[str, TensorInfo]) -> None:
+    seen: set[str] = set()
+    for record in manifest.records:
+        if record.id in seen:
+            raise BundleError(f"record {record.id!r} appears twice in the manifest")
+        seen.add(record.id)
+        name = record.tensor
+        if name is not None:
+            if name not in tensors:
+                raise BundleError(f"record {record.id!r} names tensor {name!r}, which the file does not hold")
+            if list(tensors[name].shape) != list(record.shape):
+                raise BundleError(f"record {record.id!r}: shape {record.shape} differs from tensor {list(tensors[name].shape)}")
+        for name in record.input_tensors or []:
+            if name is not None and name not in tensors:
+                raise BundleError(f"record {record.id!r} names input tensor {name!r}, which the file does not hold")

@@ -1,0 +1,129 @@
+"""The bundle manifest schema (version 1): run metadata, environment and one record per tensor."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from accuracy.errors import BundleError
+
+FORMAT_NAME = "opband.bundle"
+FORMAT_VERSION = "1.0"
+SUPPORTED_MAJOR = 1
+
+RecordKind = Literal["module", "aten", "api", "grad"]
+
+
+class Stats(BaseModel):
+    """On-device statistics of one tensor (summary mode, and alongside tensors in full mode)."""
+
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
+    numel: int
+    min: float | None = None
+    max: float | None = None
+    mean: float | None = None
+    std: float | None = None
+    l2: float | None = None
+    absmax: float | None = None
+    nan: int = 0
+    inf: int = 0
+    zeros: int = 0
+    sample: list[float] | None = None
+
+
+class Record(BaseModel):
+    """One captured tensor: an output (or input) of one op call."""
+
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
+    key: str = Field(description="op key: module path + '/' + op + '#' + ordinal")
+    output: int = 0
+    module: str
+    op: str
+    ordinal: int = 0
+    kind: RecordKind = "aten"
+    index: int = Field(description="execution order of the op call")
+    input_shapes: list[list[int] | None] = Field(default_factory=list)
+    input_dtypes: list[str | None] = Field(default_factory=list)
+    shape: list[int]
+    dtype: str
+    tensor: str | None = None
+    input_tensors: list[str | None] | None = None
+    stats: Stats | None = None
+    qparams: dict[str, Any] | None = None
+    step: int = 0
+
+    @property
+    def id(self) -> str:
+        """Unique within a bundle: the op key, plus ``:N`` for output N > 0."""
+        return self.key if self.output == 0 else f"{self.key}:{self.output}"
+
+    @property
+    def shape_signature(self) -> str:
+        """Input shapes as one string, e.g. ``2x8x64,64x64`` (``-`` for non-tensor inputs)."""
+        return shape_signature(self.input_shapes)
+
+    @field_validator("key", "module", "op")
+    @classmethod
+    def _bounded(cls, v: str) -> str:
+        if len(v) > 4096:
+            raise ValueError("longer than 4096 characters")
+        return v
+
+
+class Diagnostic(BaseModel):
+    """A capture problem that did not interrupt the user's run."""
+
+    key: str | None = None
+    message: str
+
+
+class Manifest(BaseModel):
+    """Everything about one capture run except the tensor bytes."""
+
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
+    format_version: str = FORMAT_VERSION
+    created_at: str | None = None
+    run: dict[str, Any] = Field(default_factory=dict)
+    environment: dict[str, Any] = Field(default_factory=dict)
+    records: list[Record] = Field(default_factory=list)
+    skipped_ops: dict[str, int] = Field(default_factory=dict)
+    diagnostics: list[Diagnostic] = Field(default_factory=list)
+
+    @field_validator("format_version")
+    @classmethod
+    def _version(cls, v: str) -> str:
+        major = v.split(".", 1)[0]
+        if not major.isdigit() or int(major) != SUPPORTED_MAJOR:
+            raise ValueError(
+                f"bundle format version {v!r} is not supported (this reader reads {SUPPORTED_MAJOR}.x); "
+                "upgrade opband to read it"
+            )
+        return v
+
+    @property
+    def variant(self) -> str:
+        return str(self.run.get("variant", "fp32"))
+
+    @property
+    def device(self) -> str:
+        return str(self.run.get("device", "cpu"))
+
+
+def shape_signature(shapes: list[list[int] | None]) -> str:
+    return ",".join("-" if s is None else "x".join(map(str, s)) or "scalar" for s in shapes)
+
+
+def parse_manifest(text: str) -> Manifest:
+    """Parse manifest JSON, turning every schema problem into one readable BundleError."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise BundleError(f"manifest is not valid JSON: {e}") from e
+    try:
+        return Manifest.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise BundleError(f"manifest field {where or '(root)'}: {first['msg']} ({e.error_count()} problem(s) in all)") from e

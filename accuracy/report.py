@@ -1,0 +1,180 @@
+"""One report module: the terminal table, JSON, Markdown and HTML all render one ComparisonReport."""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from typing import Any
+
+from accuracy.compare import ComparisonReport, OpResult
+
+REPORT_SCHEMA = "opband.report/1"
+TABLE_METRICS = ("norm_l2", "max_abs", "max_rel", "cosine", "snr_db")
+
+
+def to_dict(report: ComparisonReport) -> dict[str, Any]:
+    """The JSON report (schema ``opband.report/1``, documented in docs/report-format.md)."""
+    return {
+        "schema": REPORT_SCHEMA,
+        "verdict": report.verdict,
+        "mode": report.mode,
+        "counts": report.counts,
+        "reference": report.reference,
+        "target": report.target,
+        "first_divergence": op_to_dict(report.first_divergence) if report.first_divergence else None,
+        "ops": [op_to_dict(o) for o in report.worst_first()],
+        "unmatched": [
+            {"key": u.record.key, "output": u.record.output, "op": u.record.op, "module": u.record.module,
+             "side": u.side, "reason": u.reason}
+            for u in report.unmatched
+        ],
+    }
+
+
+def op_to_dict(o: OpResult) -> dict[str, Any]:
+    return {
+        "key": o.key,
+        "output": o.output,
+        "op": o.op,
+        "module": o.module,
+        "kind": o.kind,
+        "index": o.index,
+        "input_shapes": o.input_shapes,
+        "shape_signature": o.shape_signature,
+        "shape": o.shape,
+        "dtype": o.dtype,
+        "reference_dtype": o.reference_dtype,
+        "metrics": o.metrics.as_dict() if o.metrics is not None else None,
+        "verdict": o.verdict,
+        "reason": o.reason,
+        "budget": {"norm_l2": o.budget.norm_l2, "cosine_min": o.budget.cosine_min, "source": o.budget.source}
+        if o.budget
+        else None,
+        "aligned_by": o.aligned_by,
+        "inherited": o.inherited,
+    }
+
+
+def to_json(report: ComparisonReport) -> str:
+    return json.dumps(to_dict(report), indent=2, allow_nan=False, default=str)
+
+
+def fmt(value: float | None) -> str:
+    """Numbers as a person reads them in a table: 3 significant digits, inf as 'inf'."""
+    if value is None:
+        return "-"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "inf" if value > 0 else "-inf" if value < 0 else "nan"
+    if value == 0:
+        return "0"
+    if abs(value) >= 1e4 or abs(value) < 1e-3:
+        return f"{value:.2e}"
+    return f"{value:.4g}"
+
+
+def _metric(o: OpResult, name: str) -> float | None:
+    return o.metrics.get(name) if o.metrics is not None else None
+
+
+def headline(report: ComparisonReport) -> str:
+    """``PASSED``/``FAILED`` line with counts and the first divergence: what CI logs grep for."""
+    word = "FAILED" if report.verdict == "fail" else "PASSED"
+    counts = ", ".join(f"{n} {v}" for v, n in report.counts.items() if n)
+    line = f"{word} | {report.verdict} | {len(report.ops)} ops: {counts or 'none'}"
+    fd = report.first_divergence
+    if fd is not None:
+        line += f"\n{'FAILED' if fd.verdict == 'fail' else 'WARNING'} | first divergence: {fd.id} " \
+                f"(op {fd.op}, module {fd.module or '<root>'}, input shapes {fd.shape_signature}) | {fd.reason}"
+        line += "\nNote: later failures marked 'inherited' carry this op's error downstream; " \
+                "re-run with `opband capture --replay` to measure each op on its own inputs."
+    return line
+
+
+def to_text(report: ComparisonReport, limit: int | None = 20, width: int = 160) -> str:
+    """The terminal table, worst first, rendered with rich."""
+    from io import StringIO
+
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"opband compare ({report.mode}): {report.target['run'].get('variant', '?')} vs "
+                        f"{report.reference['run'].get('variant', '?')}", show_lines=False)
+    table.add_column("verdict")
+    table.add_column("op key", overflow="fold")
+    table.add_column("input shapes", overflow="fold")
+    table.add_column("dtype")
+    for name in TABLE_METRICS:
+        table.add_column(name, justify="right")
+    table.add_column("budget", justify="right")
+    rows = report.worst_first()
+    for o in rows[:limit] if limit else rows:
+        verdict = o.verdict.upper() + (" (inherited)" if o.inherited else "")
+        table.add_row(
+            verdict, o.id, o.shape_signature, o.dtype,
+            *[fmt(_metric(o, m)) for m in TABLE_METRICS],
+            fmt(o.budget.norm_l2) if o.budget else "-",
+        )
+    buf = StringIO()
+    console = Console(file=buf, width=width, force_terminal=False, no_color=True)
+    console.print(table)
+    if limit and len(rows) > limit:
+        console.print(f"... {len(rows) - limit} more ops (use --json for all)")
+    console.print(headline(report))
+    return buf.getvalue()
+
+
+def to_markdown(report: ComparisonReport, limit: int | None = 50) -> str:
+    lines = [f"## opband: {report.verdict.upper()}", "", "```", headline(report), "```", ""]
+    lines.append("| verdict | op key | input shapes | dtype | " + " | ".join(TABLE_METRICS) + " | reason |")
+    lines.append("|---" * (5 + len(TABLE_METRICS)) + "|")
+    rows = report.worst_first()
+    for o in rows[:limit] if limit else rows:
+        cells = [o.verdict + (" (inherited)" if o.inherited else ""), f"`{o.id}`", o.shape_signature, o.dtype]
+        cells += [fmt(_metric(o, m)) for m in TABLE_METRICS] + [o.reason.replace("|", "\\|")]
+        lines.append("| " + " | ".join(cells) + " |")
+    if report.unmatched:
+        lines += ["", f"{len(report.unmatched)} unmatched record(s):", ""]
+        lines += [f"- `{u.record.id}` ({u.side}): {u.reason}" for u in report.unmatched[:limit]]
+    return "\n".join(lines) + "\n"
+
+
+def _histogram_svg(counts: list[int], width: int = 240, height: int = 40) -> str:
+    if not counts or not sum(counts):
+        return ""
+    peak = max(counts)
+    bar = width / len(counts)
+    bars = "".join(
+        f'<rect x="{i * bar:.1f}" y="{height - height * c / peak:.1f}" width="{bar:.1f}" height="{height * c / peak:.1f}"/>'
+        for i, c in enumerate(counts) if c
+    )
+    return f'<svg width="{width}" height="{height}" class="hist" role="img" aria-label="abs error histogram">{bars}</svg>'
+
+
+def to_html(report: ComparisonReport, limit: int | None = 200) -> str:
+    """A standalone HTML report (no external resources) with a histogram per op."""
+    esc = html.escape
+    rows = []
+    for o in (report.worst_first()[:limit] if limit else report.worst_first()):
+        hist = _histogram_svg(o.metrics.histogram) if o.metrics is not None else ""
+        metrics = "".join(f"<td>{esc(fmt(_metric(o, m)))}</td>" for m in TABLE_METRICS)
+        rows.append(
+            f'<tr class="{esc(o.verdict)}"><td>{esc(o.verdict)}{" (inherited)" if o.inherited else ""}</td>'
+            f"<td><code>{esc(o.id)}</code></td><td>{esc(o.shape_signature)}</td><td>{esc(o.dtype)}</td>"
+            f"{metrics}<td>{hist}</td><td>{esc(o.reason)}</td></tr>"
+        )
+    head = "".join(f"<th>{m}</th>" for m in TABLE_METRICS)
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>opband report: {esc(report.verdict)}</title>
+<style>
+body{{font-family:system-ui,sans-serif;margin:2rem;color:#222}} table{{border-collapse:collapse;font-size:13px}}
+td,th{{border-bottom:1px solid #ddd;padding:4px 8px;text-align:left}} tr.fail td:first-child{{color:#b00020;font-weight:bold}}
+tr.warn td:first-child{{color:#b36b00}} tr.pass td:first-child{{color:#2e7d32}} .hist rect{{fill:#5470c6}}
+pre{{background:#f6f6f6;padding:1rem}}
+</style></head><body>
+<h1>opband: {esc(report.verdict.upper())}</h1>
+<pre>{esc(headline(report))}</pre>
+<table><thead><tr><th>verdict</th><th>op key</th><th>input shapes</th><th>dtype</th>{head}<th>|error| histogram</th><th>reason</th></tr></thead>
+<tbody>{"".join(rows)}</tbody></table>
+</body></html>
+"""

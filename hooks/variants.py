@@ -1,0 +1,48 @@
+"""Target variants: the same model code run in another precision or with real INT8 kernels.
+
+Module paths stay those of the fp32 model (quantized Linear replaces Linear at the same path).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+
+VARIANTS = ("fp32", "fp16", "bf16", "int8")
+_CASTS = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def _cast_inputs(inputs: Any, dtype: torch.dtype | None, device: str) -> Any:
+    def conv(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            x = x.to(device)
+            return x.to(dtype) if dtype is not None and x.is_floating_point() else x
+        return x
+
+    if isinstance(inputs, dict):
+        return {k: conv(v) for k, v in inputs.items()}
+    return tuple(conv(v) for v in inputs)
+
+
+def apply_variant(model: nn.Module, inputs: Any, variant: str, device: str) -> tuple[nn.Module, Any, dict[str, Any]]:
+    """Return (model, inputs, notes) for ``variant`` on ``device``; notes go into the manifest."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, not {variant!r}")
+    notes: dict[str, Any] = {"variant": variant}
+    if variant == "int8":
+        if torch.device(device).type != "cpu":
+            raise ValueError("int8 uses torch's dynamic quantization kernels, which run on cpu only: pass --device cpu")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from torch.ao.quantization import quantize_dynamic
+
+            model = quantize_dynamic(model.to("cpu"), {nn.Linear}, dtype=torch.qint8)
+        notes.update(quantization="dynamic int8 (torch.ao quantize_dynamic of nn.Linear)",
+                     quantized_engine=torch.backends.quantized.engine)
+        return model, _cast_inputs(inputs, None, "cpu"), notes
+    dtype = _CASTS.get(variant)
+    model = model.to(device=device, dtype=dtype) if dtype else model.to(device)
+    return model, _cast_inputs(inputs, dtype, device), notes

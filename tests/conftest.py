@@ -1,0 +1,33 @@
+"""Shared fixtures. Room-specific fixtures live in the test modules of that room."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+
+
+@pytest.fixture(scope="session")
+def artifacts_dir() -> Path:
+    """Where tests leave files a person should look at (screenshots, reports)."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    return ARTIFACTS
+
+
+@pytest.fixture(scope="session")
+def demo_bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Captures of the demo decoder: fp32 twice, bf16 and int8 (aten level, full mode)."""
+    from hooks import run_capture
+
+    out = tmp_path_factory.mktemp("bundles")
+    paths = {
+        "ref": run_capture("hooks.demo_model:build", out / "ref.bundle", device="cpu"),
+        "ref2": run_capture("hooks.demo_model:build", out / "ref2.bundle", device="cpu"),
+        "bf16": run_capture("hooks.demo_model:build", out / "bf16.bundle", device="cpu", variant="bf16"),
+        "int8": run_capture("hooks.demo_model:build", out / "int8.bundle", device="cpu", variant="int8"),
+    }
+    return paths
