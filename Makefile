@@ -1,0 +1,46 @@
+# opband: `make demo` runs the whole pipeline on embedded defaults; `make test` passes the tests.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= torch==2.13.0
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.opband-installed
+PYTEST_ARGS ?=
+
+.PHONY: demo test sweep bench lint venv clean serve
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+
+# torch first, pinned (a CPU wheel on this machine), so the unpinned torch>=2.3 in pyproject adds nothing
+$(STAMP): pyproject.toml | $(PY)
+	$(PIP) install --quiet "$(TORCH)"
+	$(PIP) install --quiet -e ".[test]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/opband demo
+
+serve: $(STAMP)
+	$(VENV)/bin/opband serve
+
+chromium:
+	@command -v chromium >/dev/null 2>&1 || (apt-get update -q && apt-get install -y -q chromium) >/dev/null
+
+test: $(STAMP) chromium
+	$(VENV)/bin/lint-imports --no-cache
+	$(PY) -m pytest -m "not sweep" -q -ra $(PYTEST_ARGS)
+
+sweep: $(STAMP)
+	$(PY) -m pytest -m sweep -q -ra $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PY) benchmarks/capture.py
+	$(PY) benchmarks/compare.py
+	$(PY) benchmarks/service.py
+
+clean:
+	rm -rf $(VENV) .opband test-artifacts .pytest_cache

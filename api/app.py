@@ -1,0 +1,69 @@
+"""The FastAPI application: routes under /api/v1, the dashboard at /, Prometheus at /metrics."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import plotly
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from api.errors import ServiceError
+from api.routes import router
+from api.services import Services
+from api.settings import Settings
+
+STATIC = Path(__file__).resolve().parent / "static"
+PLOTLY_JS = Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"
+log = logging.getLogger("opband.api")
+
+
+def create_app(settings: Settings | None = None, *, start_workers: bool = True) -> FastAPI:
+    """Build the app; the database must already be at the migrations' head (``opband db upgrade``)."""
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        services = Services.open(settings)
+        app.state.services = services
+        if start_workers and settings.queue == "embedded":
+            services.workers.start()
+        try:
+            yield
+        finally:
+            services.close()
+
+    app = FastAPI(title="opband", version="0.1.0", lifespan=lifespan,
+                  description="Operator-level numerical accuracy regression service")
+    app.include_router(router, prefix="/api/v1")
+
+    @app.exception_handler(ServiceError)
+    async def service_error(_: Request, exc: ServiceError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        parts = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
+        return JSONResponse({"detail": "; ".join(parts) or "invalid request", "errors": exc.errors()},
+                            status_code=422)
+
+    @app.get("/metrics", include_in_schema=False)
+    def metrics() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/", include_in_schema=False)
+    def dashboard() -> FileResponse:
+        return FileResponse(STATIC / "index.html")
+
+    @app.get("/static/vendor/plotly.min.js", include_in_schema=False)
+    def plotly_js() -> FileResponse:
+        return FileResponse(PLOTLY_JS, media_type="application/javascript")
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    return app

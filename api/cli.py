@@ -1,0 +1,246 @@
+"""The ``opband`` command line. Each subcommand parses flags and makes one library call."""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+app = typer.Typer(help="opband: find the operator that lost accuracy on new hardware or in low precision.",
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+db_app = typer.Typer(help="Database schema (alembic migrations).", no_args_is_help=True)
+token_app = typer.Typer(help="Project tokens for the service's auth.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+app.add_typer(token_app, name="token")
+
+DataDir = Annotated[Path, typer.Option("--data-dir", help="embedded database and blobs live here", envvar="OPBAND_DATA_DIR")]
+
+
+class Variant(str, Enum):
+    fp32 = "fp32"
+    fp16 = "fp16"
+    bf16 = "bf16"
+    int8 = "int8"
+    fp8_e4m3 = "fp8-e4m3"
+    fp8_e5m2 = "fp8-e5m2"
+
+
+class Mode(str, Enum):
+    propagated = "propagated"
+    replay = "replay"
+    golden = "golden"
+
+
+def _fail(message: str, code: int = 2) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+@app.command()
+def capture(
+    spec: Annotated[str, typer.Argument(help="package.module:function or path/to/file.py:function returning (model, inputs)")],
+    out: Annotated[Path, typer.Option("-o", "--out", help="bundle file to write")],
+    device: Annotated[Optional[str], typer.Option(help="cpu, cuda, npu ... (default: best available)")] = None,
+    variant: Annotated[Variant, typer.Option(help="precision/quantization of the target run")] = Variant.fp32,
+    level: Annotated[str, typer.Option(help="module (forward hooks) or aten (every ATen op)")] = "aten",
+    mode: Annotated[str, typer.Option(help="full (tensors) or summary (on-device statistics only)")] = "full",
+    seed: Annotated[int, typer.Option(help="torch.manual_seed before building the model")] = 0,
+    modules: Annotated[Optional[list[str]], typer.Option("--module", help="module path glob to keep (repeatable)")] = None,
+    ops: Annotated[Optional[list[str]], typer.Option("--op", help="op name glob to keep (repeatable)")] = None,
+    max_bytes: Annotated[Optional[int], typer.Option(help="past this many tensor bytes keep summaries only")] = None,
+) -> None:
+    """Run the SPEC's model once under capture and write a bundle."""
+    from hooks.runner import run_capture
+    from hooks.spec import SpecError
+
+    try:
+        path = run_capture(spec, out, device=device, variant=variant.value, level=level, mode=mode, seed=seed,
+                           modules=modules, ops=ops, max_bytes=max_bytes)
+    except (SpecError, ValueError) as e:
+        _fail(str(e))
+    from accuracy.bundle import Bundle
+
+    b = Bundle.open(path)
+    typer.echo(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, {len(b.records)} records, "
+               f"{sum(b.manifest.skipped_ops.values())} no-number ops skipped, {len(b.manifest.diagnostics)} diagnostics)")
+
+
+@app.command()
+def compare(
+    reference: Annotated[Path, typer.Argument(help="reference bundle (e.g. the GPU fp32 run)")],
+    target: Annotated[Path, typer.Argument(help="target bundle (NPU / CPU / bf16 / int8 ...)")],
+    mode: Annotated[Mode, typer.Option(help="propagated: two end-to-end runs")] = Mode.propagated,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="write the JSON report here")] = None,
+    markdown: Annotated[Optional[Path], typer.Option(help="write a Markdown report here")] = None,
+    html: Annotated[Optional[Path], typer.Option(help="write a standalone HTML report here")] = None,
+    budgets: Annotated[Optional[Path], typer.Option(help="JSON/YAML file of per-op budget overrides")] = None,
+    limit: Annotated[int, typer.Option(help="rows in the terminal table")] = 20,
+) -> None:
+    """Compare two bundles offline; exit 0 in budget, 1 out of budget, 2 on bad input."""
+    import accuracy
+    from accuracy.errors import OpbandError
+    from accuracy.report import to_html, to_json, to_markdown, to_text
+
+    try:
+        config = _load_config(budgets) if budgets else None
+        report = accuracy.compare(reference, target, mode=mode.value, budgets=config)
+    except (OpbandError, OSError, ValueError) as e:
+        _fail(str(e))
+    typer.echo(to_text(report, limit=limit))
+    if json_out:
+        json_out.write_text(to_json(report))
+    if markdown:
+        markdown.write_text(to_markdown(report))
+    if html:
+        html.write_text(to_html(report))
+    raise typer.Exit(0 if report else 1)
+
+
+def _load_config(path: Path) -> dict:  # type: ignore[type-arg]
+    import yaml
+
+    text = path.read_text()
+    return json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+
+
+def _settings(**overrides: object):  # type: ignore[no-untyped-def]
+    from pydantic import ValidationError
+
+    from api.settings import Settings
+
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as e:
+        _fail("; ".join(err["msg"].removeprefix("Value error, ") for err in e.errors()))
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="bind address; beyond loopback needs OPBAND_AUTH=true")] = "127.0.0.1",
+    port: Annotated[int, typer.Option()] = 8000,
+    data_dir: DataDir = Path(".opband"),
+) -> None:
+    """Run the service (API + dashboard at /) on embedded defaults: SQLite + a blob folder."""
+    from api.db import SchemaOutOfDate
+    from api.server import serve as run
+
+    settings = _settings(host=host, port=port, data_dir=data_dir)
+    typer.echo(f"opband serving on http://{host}:{port}/ (data in {settings.data_dir})")
+    try:
+        run(settings)
+    except SchemaOutOfDate as e:
+        _fail(str(e))
+
+
+@app.command()
+def upload(
+    bundle: Annotated[Path, typer.Argument(help="bundle file")],
+    server: Annotated[str, typer.Option(help="e.g. http://127.0.0.1:8000", envvar="OPBAND_SERVER")],
+    project: Annotated[str, typer.Option(help="project name")],
+    token: Annotated[Optional[str], typer.Option(envvar="OPBAND_TOKEN", help="project write token")] = None,
+) -> None:
+    """Upload one bundle; prints its id (the same bytes again give the same id)."""
+    from api.client import Client, ClientError
+
+    try:
+        row = Client(server, token).upload(project, bundle)
+    except (ClientError, OSError) as e:
+        _fail(str(e))
+    typer.echo(json.dumps(row, indent=2))
+
+
+@app.command()
+def gate(
+    server: Annotated[str, typer.Option(help="opband server URL", envvar="OPBAND_SERVER")],
+    project: Annotated[str, typer.Option(help="project name")],
+    reference: Annotated[Path, typer.Option(help="reference bundle")],
+    target: Annotated[Path, typer.Option(help="target bundle")],
+    token: Annotated[Optional[str], typer.Option(envvar="OPBAND_TOKEN")] = None,
+    mode: Annotated[Mode, typer.Option()] = Mode.propagated,
+    timeout: Annotated[float, typer.Option(help="seconds to wait for the comparison")] = 600.0,
+    junit: Annotated[Optional[Path], typer.Option(help="write JUnit XML (one testcase per op)")] = None,
+    markdown: Annotated[Optional[Path], typer.Option(help="write a Markdown summary (for PR comments)")] = None,
+) -> None:
+    """CI gate: exit 0 when every op is in band, 1 when one is out of band, 2 on usage/infrastructure errors."""
+    from api.client import ClientError
+    from api.gate import EXIT_ERROR, run_gate
+
+    for p in (reference, target):
+        if not p.is_file():
+            _fail(f"{p} does not exist: capture it first with `opband capture`")
+    try:
+        code = run_gate(server, project, reference, target, token=token, mode=mode.value, timeout=timeout,
+                        junit=junit, markdown=markdown, echo=typer.echo)
+    except ClientError as e:
+        typer.echo(f"error: {e}", err=True)
+        code = EXIT_ERROR
+    raise typer.Exit(code)
+
+
+@app.command()
+def demo(
+    serve: Annotated[bool, typer.Option("--serve", help="keep the server and dashboard up afterwards")] = False,
+    data_dir: DataDir = Path(".opband/demo"),
+    port: Annotated[int, typer.Option(help="0 picks a free port")] = 0,
+    targets: Annotated[str, typer.Option(help="comma-separated target variants")] = "bf16,int8",
+) -> None:
+    """Capture a small Llama-style decoder (fp32 reference, bf16 and int8 targets), upload, compare, show."""
+    from api.demo import run_demo
+
+    raise typer.Exit(run_demo(data_dir, port=port, keep_serving=serve, targets=targets.split(","), echo=typer.echo))
+
+
+@db_app.command("upgrade")
+def db_upgrade(data_dir: DataDir = Path(".opband"), revision: str = "head") -> None:
+    """Migrate the database (OPBAND_DATABASE_URL or the data dir's SQLite) to the latest schema."""
+    from api.db import upgrade as run
+
+    settings = _settings(data_dir=data_dir)
+    run(settings.effective_database_url, revision)
+    typer.echo(f"database at {revision}: {settings.effective_database_url.split('@')[-1]}")
+
+
+@token_app.command("create")
+def token_create(
+    project: Annotated[str, typer.Option(help="project the token is for (created if missing)")],
+    read_only: Annotated[bool, typer.Option("--read-only", help="may read, not write")] = False,
+    name: Annotated[Optional[str], typer.Option(help="a label to recognise it by")] = None,
+    data_dir: DataDir = Path(".opband"),
+) -> None:
+    """Create a project token and print it once (only its hash is stored)."""
+    from api.auth import create_token
+    from api.db import Database, check_schema
+
+    settings = _settings(data_dir=data_dir)
+    db = Database(settings)
+    check_schema(db.engine)
+    typer.echo(create_token(db, project, read_only=read_only, name=name))
+
+
+@app.command()
+def worker(data_dir: DataDir = Path(".opband")) -> None:
+    """Run comparison jobs from the shared database until interrupted (scale-out workers)."""
+    from api.db import Database, check_schema
+    from api.jobs import run_worker_forever
+    from api.store import make_store
+
+    settings = _settings(data_dir=data_dir)
+    db = Database(settings)
+    check_schema(db.engine)
+    typer.echo(f"opband worker on {db.engine.url.render_as_string(hide_password=True)}")
+    try:
+        run_worker_forever(db, make_store(settings.effective_store_url, settings.s3_endpoint_url), settings)
+    except KeyboardInterrupt:
+        pass
+
+
+def main() -> None:
+    app(prog_name="opband")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

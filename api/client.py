@@ -1,0 +1,74 @@
+"""HTTP client for the opband service: upload, compare, wait, fetch ops. Used by the CLI and gate."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+
+class ClientError(RuntimeError):
+    """The server refused or could not be reached; the message says what to do."""
+
+
+class Client:
+    def __init__(self, server: str, token: str | None = None, timeout: float = 60.0) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.server = server.rstrip("/")
+        self.http = httpx.Client(base_url=self.server + "/api/v1", headers=headers, timeout=timeout)
+
+    def _call(self, method: str, path: str, **kw: Any) -> Any:
+        try:
+            r = self.http.request(method, path, **kw)
+        except httpx.HTTPError as e:
+            raise ClientError(f"cannot reach opband server at {self.server}: {e}. Is `opband serve` running?") from e
+        if r.status_code >= 400:
+            try:
+                detail = r.json().get("detail")
+            except ValueError:
+                detail = r.text[:500]
+            raise ClientError(f"{method} {path} -> HTTP {r.status_code}: {detail}")
+        return r.json()
+
+    def upload(self, project: str, bundle: str | os.PathLike[str]) -> dict[str, Any]:
+        """Stream a bundle file to the server; returns the bundle record (same bytes = same id)."""
+        path = Path(bundle)
+        size = path.stat().st_size
+
+        def body() -> Iterator[bytes]:
+            with open(path, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    yield chunk
+
+        return self._call("POST", f"/projects/{project}/bundles", content=body(),  # type: ignore[no-any-return]
+                          headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)})
+
+    def create_comparison(self, project: str, reference: str, target: str, mode: str = "propagated") -> dict[str, Any]:
+        return self._call("POST", f"/projects/{project}/comparisons",  # type: ignore[no-any-return]
+                          json={"reference": reference, "target": target, "mode": mode})
+
+    def comparison(self, comparison_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/comparisons/{comparison_id}")  # type: ignore[no-any-return]
+
+    def wait(self, comparison_id: str, timeout: float = 600.0, poll: float = 0.25) -> dict[str, Any]:
+        """Poll until the comparison is done or failed."""
+        deadline = time.monotonic() + timeout
+        while True:
+            c = self.comparison(comparison_id)
+            if c["status"] in ("done", "failed"):
+                return c
+            if time.monotonic() > deadline:
+                raise ClientError(f"comparison {comparison_id} still {c['status']} after {timeout:.0f}s; "
+                                  "are workers running (`opband worker`)?")
+            time.sleep(poll)
+
+    def ops(self, comparison_id: str, limit: int = 1000, **filters: Any) -> dict[str, Any]:
+        params = {"limit": limit, **{k: v for k, v in filters.items() if v is not None}}
+        return self._call("GET", f"/comparisons/{comparison_id}/ops", params=params)  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        self.http.close()

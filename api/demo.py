@@ -1,0 +1,57 @@
+"""``opband demo``: the whole pipeline on embedded defaults, end to end over real HTTP."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from api.client import Client
+from api.gate import gate_table
+from api.server import BackgroundServer, free_port
+from api.settings import Settings
+
+SPEC = "hooks.demo_model:build"
+PROJECT = "demo"
+
+
+def run_demo(data_dir: Path, *, port: int = 0, keep_serving: bool = False, targets: list[str] | None = None,
+             echo: Callable[[str], None] = print) -> int:
+    """Capture reference + targets, upload, compare on the server, print worst ops per target."""
+    from hooks import devices
+    from hooks.runner import run_capture
+
+    targets = targets or ["bf16", "int8"]
+    started = time.monotonic()
+    bundles = data_dir / "bundles"
+    ref_device = devices.default_device()
+    echo(f"[1/4] capturing the demo decoder: reference fp32 on {ref_device}, targets {', '.join(targets)} on cpu")
+    ref = run_capture(SPEC, bundles / f"reference-fp32-{ref_device}.bundle", device=ref_device, variant="fp32")
+    target_paths = {v: run_capture(SPEC, bundles / f"target-{v}-cpu.bundle", device="cpu", variant=v) for v in targets}
+    settings = Settings(data_dir=data_dir, port=port or free_port())
+    with BackgroundServer(settings) as server:
+        echo(f"[2/4] server up at {server.url} (SQLite + blobs in {data_dir})")
+        client = Client(server.url)
+        ref_row = client.upload(PROJECT, ref)
+        echo(f"[3/4] uploaded reference {ref_row['id']} ({ref_row['records']} records)")
+        worst_code = 0
+        for variant, path in target_paths.items():
+            tgt_row = client.upload(PROJECT, path)
+            c = client.wait(client.create_comparison(PROJECT, ref_row["id"], tgt_row["id"])["id"])
+            if c["status"] != "done":
+                echo(f"FAILED | comparison of {variant} could not run: {c['error']}")
+                return 2
+            ops = client.ops(c["id"], limit=10, sort="severity", order="desc")["data"]
+            echo(f"\n[4/4] {variant} vs fp32 — worst ops")
+            echo(gate_table(c, ops, limit=10))
+            worst_code = max(worst_code, 1 if c["verdict"] == "fail" else 0)
+        echo(f"\ndashboard: {server.url}/?project={PROJECT}   (demo took {time.monotonic() - started:.1f}s)")
+        if keep_serving:
+            echo("serving until Ctrl-C ...")
+            try:
+                while True:
+                    time.sleep(1)
+            except KeyboardInterrupt:
+                pass
+        client.close()
+    return 0

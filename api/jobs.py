@@ -1,0 +1,255 @@
+"""Comparison jobs: claim with a lease, run accuracy.compare, persist per-op results and regressions.
+
+A job is a ``comparisons`` row. Workers claim pending rows (PostgreSQL: ``FOR UPDATE SKIP
+LOCKED``) and hold a lease they renew while working; a worker that dies stops renewing, its lease
+expires and the next worker retries the job, up to ``max_job_attempts``. Errors in the data
+(a bundle that cannot be compared) fail the job at once with the error text.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import math
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import and_, delete, or_, select
+from sqlalchemy.orm import lazyload
+
+import accuracy
+from accuracy.errors import OpbandError
+from accuracy.report import op_to_dict
+from api.db import Database
+from api.models import AcceptedDeviation, Comparison, OpResultRow, Regression, Series, utcnow
+from api.settings import Settings
+from api.store import BlobStore
+
+log = logging.getLogger("opband.jobs")
+_CLAIM_LOCK = threading.Lock()  # SQLite has no SKIP LOCKED: serialise claims within the process
+
+
+def worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+
+
+def claim_next(db: Database, settings: Settings, name: str) -> str | None:
+    """Claim the oldest runnable job (pending, or running with an expired lease); return its id."""
+    with _CLAIM_LOCK, db.session() as s:
+        now = utcnow()
+        q = (
+            select(Comparison)
+            .where(or_(Comparison.status == "pending",
+                       and_(Comparison.status == "running", Comparison.lease_until < now)))
+            .order_by(Comparison.created_at)
+            .limit(1)
+            .options(lazyload("*"))  # no outer joins: PostgreSQL refuses FOR UPDATE on them
+        )
+        if db.engine.dialect.name == "postgresql":
+            q = q.with_for_update(skip_locked=True)
+        job = s.scalar(q)
+        if job is None:
+            return None
+        if job.attempts >= settings.max_job_attempts:
+            job.status, job.finished_at = "failed", now
+            job.error = (f"gave up after {job.attempts} attempts: the worker running it stopped "
+                         "(crashed, killed or out of memory) each time; see the worker logs")
+            return None
+        job.status, job.worker, job.started_at = "running", name, now
+        job.attempts += 1
+        job.lease_until = now + timedelta(seconds=settings.job_lease_seconds)
+        return job.id
+
+
+def renew_lease(db: Database, settings: Settings, job_id: str, name: str) -> None:
+    with db.session() as s:
+        job = s.get(Comparison, job_id)
+        if job is not None and job.status == "running" and job.worker == name:
+            job.lease_until = utcnow() + timedelta(seconds=settings.job_lease_seconds)
+
+
+def run_job(db: Database, store: BlobStore, settings: Settings, job_id: str, name: str) -> None:
+    """Run one claimed comparison to done or failed."""
+    last_renew = [time.monotonic()]
+
+    def progress(done: int, total: int) -> None:
+        if time.monotonic() - last_renew[0] > settings.job_lease_seconds / 3:
+            renew_lease(db, settings, job_id, name)
+            last_renew[0] = time.monotonic()
+
+    with db.session() as s:
+        job = s.get(Comparison, job_id)
+        assert job is not None
+        ref_key, tgt_key, mode = job.reference.storage_key, job.target.storage_key, job.mode
+    try:
+        with store.local_path(ref_key) as ref_path, store.local_path(tgt_key) as tgt_path:
+            report = accuracy.compare(ref_path, tgt_path, mode=mode, progress=progress)
+            persist_report(db, job_id, report)
+    except OpbandError as e:
+        _fail(db, job_id, f"{type(e).__name__}: {e}")
+    except Exception as e:  # noqa: BLE001 - recorded on the job; the worker carries on
+        log.exception("comparison %s failed", job_id)
+        _fail(db, job_id, f"internal error ({type(e).__name__}: {e}); please report it with this comparison id")
+
+
+def _fail(db: Database, job_id: str, error: str) -> None:
+    with db.session() as s:
+        job = s.get(Comparison, job_id)
+        if job is not None:
+            job.status, job.error, job.finished_at, job.lease_until = "failed", error[:4000], utcnow(), None
+
+
+def _finite(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
+
+
+def persist_report(db: Database, job_id: str, report: accuracy.ComparisonReport) -> None:
+    """Write the per-op results, drift series and regressions of a finished comparison."""
+    with db.session() as s:
+        job = s.get(Comparison, job_id)
+        assert job is not None
+        target = f"{job.target.variant}@{job.target.device}"
+        s.execute(delete(OpResultRow).where(OpResultRow.comparison_id == job_id))
+        series = _series_for(s, job.project_id, target, report.ops)
+        now = utcnow()
+        rows = []
+        for o in report.ops:
+            m = o.metrics
+            rows.append(OpResultRow(
+                comparison_id=job_id, series_id=series[(o.id, o.shape_signature, o.dtype)].id,
+                key=o.id, output=o.output, op=o.op, module=o.module, kind=o.kind, index=o.index,
+                shape_signature=o.shape_signature[:1000], dtype=o.dtype, verdict=o.verdict, reason=o.reason,
+                inherited=o.inherited, severity=_finite(o.severity),
+                norm_l2=_finite(m.norm_l2) if m is not None else None,
+                max_abs=_finite(m.max_abs) if m is not None else None,
+                max_rel=_finite(m.max_rel) if m is not None else None,
+                cosine=_finite(m.cosine) if m is not None else None,
+                snr_db=_finite(m.snr_db) if m is not None else None,
+                metrics=m.as_dict() if m is not None else None,
+                budget=op_to_dict(o)["budget"], created_at=now,
+            ))
+        s.add_all(rows)
+        _update_regressions(s, job, report, series)
+        job.status, job.verdict, job.counts = "done", report.verdict, report.counts
+        job.first_divergence = op_to_dict(report.first_divergence) if report.first_divergence else None
+        if job.first_divergence and job.first_divergence.get("metrics"):
+            job.first_divergence["metrics"].pop("histogram", None)
+        job.unmatched, job.finished_at, job.lease_until, job.error = len(report.unmatched), now, None, None
+
+
+def _series_for(s: Any, project_id: int, target: str, ops: list[accuracy.OpResult]) -> dict[tuple[str, str, str], Series]:
+    """The drift series of each op (created on first sight), keyed by (op id, shape signature, dtype)."""
+    existing = {
+        (x.key, x.shape_signature, x.dtype): x
+        for x in s.scalars(select(Series).where(Series.project_id == project_id, Series.target == target))
+    }
+    out: dict[tuple[str, str, str], Series] = {}
+    for o in ops:
+        ident = (o.id, o.shape_signature[:1000], o.dtype)
+        if ident not in existing:
+            existing[ident] = Series(project_id=project_id, key=o.id, op=o.op, shape_signature=ident[1],
+                                     dtype=o.dtype, target=target)
+            s.add(existing[ident])
+        out[(o.id, o.shape_signature, o.dtype)] = existing[ident]
+    s.flush()
+    return out
+
+
+def _update_regressions(s: Any, job: Comparison, report: accuracy.ComparisonReport,
+                        series: dict[tuple[str, str, str], Series]) -> None:
+    """Local failures open (or keep) a regression per series; a pass closes it."""
+    now = utcnow()
+    deviations = [
+        d for d in s.scalars(select(AcceptedDeviation).where(AcceptedDeviation.project_id == job.project_id))
+        if d.expires_at is None or _aware(d.expires_at) > now
+    ]
+    by_series = {r.series_id: r for r in s.scalars(select(Regression).where(Regression.project_id == job.project_id))}
+    has_ops = any(o.kind != "module" for o in report.ops)
+    for o in report.ops:
+        ser = series[(o.id, o.shape_signature, o.dtype)]
+        reg = by_series.get(ser.id)
+        local = not o.inherited and (o.kind != "module" or not has_ops)  # a module only contains its ops' error
+        if o.verdict == "fail" and local:
+            accepted = any(fnmatch.fnmatchcase(o.id, d.key_pattern) and d.shape_signature in (None, o.shape_signature)
+                           for d in deviations)
+            if reg is None:
+                reg = Regression(project_id=job.project_id, series_id=ser.id, key=o.id, op=o.op,
+                                 shape_signature=o.shape_signature[:1000], first_comparison_id=job.id,
+                                 last_comparison_id=job.id, reason=o.reason, created_at=now, updated_at=now,
+                                 status="accepted" if accepted else "active")
+                s.add(reg)
+                by_series[ser.id] = reg
+            else:
+                if reg.status == "resolved":
+                    reg.status, reg.first_comparison_id = "active", job.id
+                if accepted and reg.status == "active":
+                    reg.status = "accepted"
+                reg.last_comparison_id, reg.reason, reg.updated_at = job.id, o.reason, now
+        elif o.verdict == "pass" and reg is not None and reg.status in ("active", "acknowledged"):
+            reg.status, reg.last_comparison_id, reg.updated_at = "resolved", job.id, now
+
+
+def _aware(dt: Any) -> Any:
+    from datetime import UTC
+
+    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
+
+
+class WorkerPool:
+    """In-process comparison workers (the embedded default): threads that claim and run jobs."""
+
+    def __init__(self, db: Database, store: BlobStore, settings: Settings, poll_seconds: float = 0.5) -> None:
+        self.db, self.store, self.settings = db, store, settings
+        self.poll_seconds = poll_seconds
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        for i in range(self.settings.workers):
+            t = threading.Thread(target=self._loop, name=f"opband-worker-{i}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def notify(self) -> None:
+        """A job was queued: wake an idle worker now rather than at its next poll."""
+        self._wake.set()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        for t in self._threads:
+            t.join(timeout)
+        self._threads.clear()
+
+    def _loop(self) -> None:
+        name = worker_name()
+        while not self._stop.is_set():
+            try:
+                job_id = claim_next(self.db, self.settings, name)
+            except Exception:  # noqa: BLE001 - database hiccup: log, back off, retry
+                log.exception("claiming a job failed")
+                job_id = None
+            if job_id is None:
+                self._wake.wait(self.poll_seconds)
+                self._wake.clear()
+                continue
+            run_job(self.db, self.store, self.settings, job_id, name)
+
+
+def run_worker_forever(db: Database, store: BlobStore, settings: Settings,
+                       should_stop: Callable[[], bool] = lambda: False, poll_seconds: float = 1.0) -> None:
+    """``opband worker``: one process claiming jobs from the shared database until stopped."""
+    name = worker_name()
+    while not should_stop():
+        job_id = claim_next(db, settings, name)
+        if job_id is None:
+            time.sleep(poll_seconds)
+            continue
+        log.info("running comparison %s", job_id)
+        run_job(db, store, settings, job_id, name)

@@ -1,0 +1,157 @@
+"""Read queries behind the routes: filtered, sorted, paginated; indexes, not scans."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Select, func, select
+
+from api.db import Database
+from api.errors import InvalidInput, NotFound
+from api.models import BundleRow, Comparison, OpResultRow, Project, Regression, Series
+from api.schemas import DriftPoint, DriftSeries
+
+METRIC_COLUMNS = {
+    "norm_l2": OpResultRow.norm_l2, "max_abs": OpResultRow.max_abs, "max_rel": OpResultRow.max_rel,
+    "cosine": OpResultRow.cosine, "snr_db": OpResultRow.snr_db, "severity": OpResultRow.severity,
+}
+SORTS = METRIC_COLUMNS | {"index": OpResultRow.index, "key": OpResultRow.key}
+VERDICTS = ("pass", "warn", "fail", "new", "missing")
+
+
+def glob_to_like(pattern: str) -> str:
+    escaped = pattern.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return escaped.replace("*", "%").replace("?", "_")
+
+
+def _page(db: Database, q: Select[Any], limit: int, offset: int) -> tuple[list[Any], int]:
+    with db.session() as s:
+        count = s.scalar(select(func.count()).select_from(q.order_by(None).subquery())) or 0
+        rows = list(s.scalars(q.limit(limit).offset(offset)))
+    return rows, count
+
+
+def list_projects(db: Database) -> list[Project]:
+    with db.session() as s:
+        return list(s.scalars(select(Project).order_by(Project.name)))
+
+
+def list_bundles(db: Database, project: Project, limit: int, offset: int) -> tuple[list[BundleRow], int]:
+    q = select(BundleRow).where(BundleRow.project_id == project.id).order_by(BundleRow.created_at.desc())
+    return _page(db, q, limit, offset)
+
+
+def get_bundle(db: Database, bundle_id: str) -> BundleRow:
+    with db.session() as s:
+        row = s.get(BundleRow, bundle_id)
+    if row is None:
+        raise NotFound(f"bundle {bundle_id!r} does not exist")
+    return row
+
+
+def get_comparison(db: Database, comparison_id: str) -> Comparison:
+    with db.session() as s:
+        row = s.get(Comparison, comparison_id)
+    if row is None:
+        raise NotFound(f"comparison {comparison_id!r} does not exist")
+    return row
+
+
+def list_comparisons(db: Database, project: Project, limit: int, offset: int,
+                     status: str | None = None) -> tuple[list[Comparison], int]:
+    q = select(Comparison).where(Comparison.project_id == project.id)
+    if status:
+        q = q.where(Comparison.status == status)
+    return _page(db, q.order_by(Comparison.created_at.desc()), limit, offset)
+
+
+def op_results(
+    db: Database, comparison_id: str, *, op: str | None = None, module: str | None = None,
+    shape: str | None = None, verdict: str | None = None, metric: str | None = None,
+    min_value: float | None = None, max_value: float | None = None, sort: str = "severity",
+    order: str = "desc", limit: int = 50, offset: int = 0, with_metrics: bool = True,
+) -> tuple[list[OpResultRow], int]:
+    """Per-op results of one comparison, filtered by op, module glob, input shapes, verdict, metric range."""
+    get_comparison(db, comparison_id)
+    q = select(OpResultRow).where(OpResultRow.comparison_id == comparison_id)
+    if op:
+        q = q.where(OpResultRow.op == op)
+    if module:
+        q = q.where(OpResultRow.module.like(glob_to_like(module), escape="\\"))
+    if shape:
+        q = q.where(OpResultRow.shape_signature == shape)
+    if verdict:
+        bad = [v for v in verdict.split(",") if v not in VERDICTS]
+        if bad:
+            raise InvalidInput(f"unknown verdict(s) {bad}; use any of {list(VERDICTS)}")
+        q = q.where(OpResultRow.verdict.in_(verdict.split(",")))
+    if min_value is not None or max_value is not None:
+        if metric not in METRIC_COLUMNS:
+            raise InvalidInput(f"metric range needs metric= one of {sorted(METRIC_COLUMNS)}")
+        col = METRIC_COLUMNS[metric]
+        if min_value is not None:
+            q = q.where(col >= min_value)
+        if max_value is not None:
+            q = q.where(col <= max_value)
+    if sort not in SORTS:
+        raise InvalidInput(f"sort must be one of {sorted(SORTS)}, not {sort!r}")
+    if order not in ("asc", "desc"):
+        raise InvalidInput("order must be 'asc' or 'desc'")
+    col = SORTS[sort]
+    q = q.order_by(col.desc().nulls_last() if order == "desc" else col.asc().nulls_last(), OpResultRow.index)
+    return _page(db, q, limit, offset)
+
+
+def regressions(db: Database, project: Project, status: str | None, op: str | None, shape: str | None,
+                limit: int, offset: int) -> tuple[list[Regression], int]:
+    q = select(Regression).where(Regression.project_id == project.id)
+    if status:
+        q = q.where(Regression.status.in_(status.split(",")))
+    if op:
+        q = q.where(Regression.op == op)
+    if shape:
+        q = q.where(Regression.shape_signature == shape)
+    return _page(db, q.order_by(Regression.updated_at.desc()), limit, offset)
+
+
+def drift(db: Database, project: Project, metric: str, key: str | None, target: str | None,
+          series_limit: int, points: int) -> list[DriftSeries]:
+    """One line per (op key, shapes, dtype, target): the metric over the last ``points`` comparisons."""
+    if metric not in METRIC_COLUMNS:
+        raise InvalidInput(f"metric must be one of {sorted(METRIC_COLUMNS)}, not {metric!r}")
+    col = METRIC_COLUMNS[metric]
+    with db.session() as s:
+        sq = select(Series).where(Series.project_id == project.id)
+        if key:
+            sq = sq.where(Series.key.like(glob_to_like(key), escape="\\"))
+        if target:
+            sq = sq.where(Series.target == target)
+        if not key:
+            # the series that were worst in their latest results: what a person wants to see first
+            worst = (
+                select(OpResultRow.series_id, func.max(OpResultRow.severity).label("worst"))
+                .join(Series, Series.id == OpResultRow.series_id)
+                .where(Series.project_id == project.id)
+                .group_by(OpResultRow.series_id)
+                .order_by(func.max(OpResultRow.severity).desc().nulls_last())
+                .limit(series_limit)
+            )
+            if target:
+                worst = worst.where(Series.target == target)
+            ids = [r[0] for r in s.execute(worst)]
+            sq = sq.where(Series.id.in_(ids))
+        series = list(s.scalars(sq.limit(series_limit)))
+        out = []
+        for ser in series:
+            rows = s.execute(
+                select(OpResultRow.comparison_id, OpResultRow.created_at, col, OpResultRow.verdict, OpResultRow.budget)
+                .where(OpResultRow.series_id == ser.id)
+                .order_by(OpResultRow.created_at.desc())
+                .limit(points)
+            ).all()
+            pts = [DriftPoint(comparison_id=r[0], created_at=r[1], value=r[2], verdict=r[3],
+                              budget=(r[4] or {}).get("norm_l2") if metric == "norm_l2" else None)
+                   for r in reversed(rows)]
+            out.append(DriftSeries(key=ser.key, shape_signature=ser.shape_signature, dtype=ser.dtype,
+                                   target=ser.target, metric=metric, points=pts))
+    return out

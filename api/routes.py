@@ -1,0 +1,210 @@
+"""HTTP routes under /api/v1. Each one parses, authorizes, and makes one service call."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import StreamingResponse
+from sqlalchemy import text
+
+from api import queries
+from api.auth import authorize
+from api.errors import InvalidInput, NotFound, Unavailable
+from api.ingest import spool, store_bundle
+from api.models import Comparison, Project
+from api.schemas import (
+    BundleDetail, BundlePublic, ComparisonCreate, ComparisonPublic, DriftSeries, OpResultPublic, Page,
+    ProjectPublic, RegressionPublic,
+)
+from api.services import Services
+
+router = APIRouter()
+
+
+def get_services(request: Request) -> Services:
+    return request.app.state.services  # type: ignore[no-any-return]
+
+
+def bearer(authorization: Annotated[str | None, Header()] = None) -> str | None:
+    if authorization and authorization.lower().startswith("bearer "):
+        return authorization[7:].strip()
+    return None
+
+
+ServicesDep = Annotated[Services, Depends(get_services)]
+TokenDep = Annotated[str | None, Depends(bearer)]
+Limit = Annotated[int, Query(ge=1, le=1000)]
+Offset = Annotated[int, Query(ge=0)]
+
+
+def read_project(svc: Services, name: str, token: str | None) -> Project:
+    return authorize(svc.db, name, token, write=False, auth_on=svc.settings.auth)
+
+
+def comparison_public(c: Comparison) -> ComparisonPublic:
+    out = ComparisonPublic.model_validate(c)
+    out.target_variant, out.target_device = c.target.variant, c.target.device
+    return out
+
+
+def _project_of_comparison(svc: Services, comparison_id: str, token: str | None) -> Comparison:
+    c = queries.get_comparison(svc.db, comparison_id)
+    with svc.db.session() as s:
+        project = s.get(Project, c.project_id)
+    assert project is not None
+    read_project(svc, project.name, token)
+    return c
+
+
+@router.get("/health")
+def health() -> dict[str, str]:
+    """Alive: the process answers."""
+    return {"status": "ok"}
+
+
+@router.get("/ready")
+def ready(svc: ServicesDep) -> dict[str, str]:
+    """Ready: database and blob store reachable."""
+    try:
+        with svc.db.session() as s:
+            s.execute(text("SELECT 1"))
+        svc.store.check()
+    except Exception as e:  # noqa: BLE001 - readiness reports, it does not crash
+        raise Unavailable(f"not ready: {type(e).__name__}: {e}") from e
+    return {"status": "ready", "database": svc.db.engine.dialect.name, "queue": svc.settings.queue}
+
+
+@router.get("/projects", response_model=Page[ProjectPublic])
+def projects(svc: ServicesDep) -> Page[ProjectPublic]:
+    rows = [p for p in queries.list_projects(svc.db) if p.public or not svc.settings.auth]
+    return Page(data=[ProjectPublic.model_validate(p) for p in rows], count=len(rows))
+
+
+@router.post("/projects/{project}/bundles", status_code=201, response_model=BundlePublic,
+             responses={200: {"description": "these exact bytes were uploaded before: the same bundle"},
+                        413: {"description": "over the upload limit"}, 422: {"description": "not a valid bundle"}})
+async def upload_bundle(project: str, request: Request, response: Response, svc: ServicesDep,
+                        token: TokenDep) -> BundlePublic:
+    """Upload one bundle file as the raw request body (streamed to disk, hashed, validated)."""
+    proj = await run_in_threadpool(authorize, svc.db, project, token, True, svc.settings.auth, True)
+    declared = request.headers.get("content-length")
+    try:
+        length = int(declared) if declared is not None else None
+    except ValueError:
+        raise InvalidInput(f"Content-Length {declared!r} is not a number") from None
+    upload = await spool(request.stream(), svc.upload_temp_dir, svc.settings.max_upload_bytes, length)
+    row, created = await run_in_threadpool(store_bundle, svc.db, svc.store, proj, upload)
+    response.status_code = 201 if created else 200
+    return BundlePublic.model_validate(row)
+
+
+@router.get("/projects/{project}/bundles", response_model=Page[BundlePublic])
+def list_bundles(project: str, svc: ServicesDep, token: TokenDep, limit: Limit = 50, offset: Offset = 0) -> Page[BundlePublic]:
+    rows, count = queries.list_bundles(svc.db, read_project(svc, project, token), limit, offset)
+    return Page(data=[BundlePublic.model_validate(r) for r in rows], count=count)
+
+
+@router.get("/bundles/{bundle_id}", response_model=BundleDetail)
+def get_bundle(bundle_id: str, svc: ServicesDep, token: TokenDep) -> BundleDetail:
+    row = queries.get_bundle(svc.db, bundle_id)
+    _check_bundle_access(svc, row.project_id, token)
+    return BundleDetail.model_validate(row)
+
+
+@router.get("/bundles/{bundle_id}/content")
+def download_bundle(bundle_id: str, svc: ServicesDep, token: TokenDep) -> StreamingResponse:
+    row = queries.get_bundle(svc.db, bundle_id)
+    _check_bundle_access(svc, row.project_id, token)
+    stream = svc.store.open(row.storage_key)
+
+    def chunks():  # type: ignore[no-untyped-def]
+        try:
+            while chunk := stream.read(1 << 20):
+                yield chunk
+        finally:
+            stream.close()
+
+    return StreamingResponse(chunks(), media_type="application/octet-stream",
+                             headers={"Content-Length": str(row.size), "ETag": f'"{row.sha256}"',
+                                      "Content-Disposition": f'attachment; filename="{bundle_id}.bundle"'})
+
+
+def _check_bundle_access(svc: Services, project_id: int, token: str | None) -> None:
+    with svc.db.session() as s:
+        project = s.get(Project, project_id)
+    assert project is not None
+    read_project(svc, project.name, token)
+
+
+@router.post("/projects/{project}/comparisons", status_code=202, response_model=ComparisonPublic)
+def create_comparison(project: str, body: ComparisonCreate, svc: ServicesDep, token: TokenDep) -> ComparisonPublic:
+    """Queue a comparison of two bundles of this project; poll GET /comparisons/{id} for its status."""
+    proj = authorize(svc.db, project, token, write=True, auth_on=svc.settings.auth)
+    for side, bid in (("reference", body.reference), ("target", body.target)):
+        try:
+            b = queries.get_bundle(svc.db, bid)
+        except NotFound:
+            raise InvalidInput(f"{side} bundle {bid!r} does not exist: upload it first") from None
+        if b.project_id != proj.id:
+            raise InvalidInput(f"{side} bundle {bid!r} belongs to another project")
+    with svc.db.session() as s:
+        c = Comparison(id=uuid.uuid4().hex, project_id=proj.id, reference_id=body.reference,
+                       target_id=body.target, mode=body.mode, status="pending")
+        s.add(c)
+    svc.workers.notify()
+    return comparison_public(queries.get_comparison(svc.db, c.id))
+
+
+@router.get("/projects/{project}/comparisons", response_model=Page[ComparisonPublic])
+def list_comparisons(project: str, svc: ServicesDep, token: TokenDep, limit: Limit = 50, offset: Offset = 0,
+                     status: str | None = None) -> Page[ComparisonPublic]:
+    rows, count = queries.list_comparisons(svc.db, read_project(svc, project, token), limit, offset, status)
+    return Page(data=[comparison_public(r) for r in rows], count=count)
+
+
+@router.get("/comparisons/{comparison_id}", response_model=ComparisonPublic)
+def get_comparison(comparison_id: str, svc: ServicesDep, token: TokenDep) -> ComparisonPublic:
+    return comparison_public(_project_of_comparison(svc, comparison_id, token))
+
+
+@router.get("/comparisons/{comparison_id}/ops", response_model=Page[OpResultPublic])
+def comparison_ops(
+    comparison_id: str, svc: ServicesDep, token: TokenDep,
+    op: str | None = None, module: Annotated[str | None, Query(description="module path glob")] = None,
+    shape: Annotated[str | None, Query(description="input shape signature, e.g. 64x128,128x128")] = None,
+    verdict: Annotated[str | None, Query(description="comma-separated verdicts")] = None,
+    metric: str | None = None, min: float | None = None, max: float | None = None,  # noqa: A002
+    sort: str = "severity", order: str = "desc", limit: Limit = 50, offset: Offset = 0,
+    metrics: bool = False,
+) -> Page[OpResultPublic]:
+    """Per-op results, worst first by default."""
+    _project_of_comparison(svc, comparison_id, token)
+    rows, count = queries.op_results(svc.db, comparison_id, op=op, module=module, shape=shape, verdict=verdict,
+                                     metric=metric, min_value=min, max_value=max, sort=sort, order=order,
+                                     limit=limit, offset=offset)
+    data = [OpResultPublic.model_validate(r) for r in rows]
+    if not metrics:
+        for d in data:
+            d.metrics = None
+    return Page(data=data, count=count)
+
+
+@router.get("/projects/{project}/regressions", response_model=Page[RegressionPublic])
+def list_regressions(project: str, svc: ServicesDep, token: TokenDep,
+                     status: Annotated[str | None, Query(description="comma-separated: active,acknowledged,accepted,resolved")] = "active",
+                     op: str | None = None, shape: str | None = None, limit: Limit = 50, offset: Offset = 0) -> Page[RegressionPublic]:
+    rows, count = queries.regressions(svc.db, read_project(svc, project, token), status, op, shape, limit, offset)
+    return Page(data=[RegressionPublic.model_validate(r) for r in rows], count=count)
+
+
+@router.get("/projects/{project}/drift", response_model=list[DriftSeries])
+def project_drift(project: str, svc: ServicesDep, token: TokenDep, metric: str = "norm_l2",
+                  key: Annotated[str | None, Query(description="op key glob; default: the worst series")] = None,
+                  target: Annotated[str | None, Query(description="e.g. bf16@cpu")] = None,
+                  series: Annotated[int, Query(ge=1, le=100)] = 8,
+                  points: Annotated[int, Query(ge=1, le=1000)] = 100) -> list[DriftSeries]:
+    """A metric per op key across this project's comparisons, oldest first."""
+    return queries.drift(svc.db, read_project(svc, project, token), metric, key, target, series, points)

@@ -1,0 +1,123 @@
+"""Response and request schemas, named by role (``BundlePublic``, ``BundlesPublic{data, count}``)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+T = TypeVar("T")
+
+
+class Page(BaseModel, Generic[T]):
+    data: list[T]
+    count: int
+
+
+class ProjectPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+    name: str
+    public: bool
+    created_at: datetime
+
+
+class BundlePublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+    id: str
+    sha256: str
+    size: int
+    label: str | None
+    variant: str
+    device: str
+    level: str | None
+    mode: str | None
+    git_commit: str | None
+    git_branch: str | None
+    records: int
+    created_at: datetime
+
+
+class BundleDetail(BundlePublic):
+    run: dict[str, Any]
+    environment: dict[str, Any]
+
+
+class ComparisonCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reference: str = Field(description="bundle id of the reference run")
+    target: str = Field(description="bundle id of the target run")
+    mode: Literal["propagated", "replay", "golden"] = "propagated"
+
+
+class ComparisonPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+    id: str
+    reference_id: str
+    target_id: str
+    mode: str
+    status: str
+    verdict: str | None
+    counts: dict[str, Any]
+    first_divergence: dict[str, Any] | None
+    unmatched: int
+    error: str | None
+    attempts: int
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    target_variant: str | None = None
+    target_device: str | None = None
+
+
+class OpResultPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+    key: str
+    op: str
+    module: str
+    kind: str
+    index: int
+    shape_signature: str
+    dtype: str
+    verdict: str
+    reason: str
+    inherited: bool
+    severity: float | None
+    norm_l2: float | None
+    max_abs: float | None
+    max_rel: float | None
+    cosine: float | None
+    snr_db: float | None
+    metrics: dict[str, Any] | None = None
+    budget: dict[str, Any] | None = None
+
+
+class RegressionPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+    id: int
+    key: str
+    op: str
+    shape_signature: str
+    status: str
+    reason: str
+    first_comparison_id: str
+    last_comparison_id: str
+    created_at: datetime
+    updated_at: datetime
+
+
+class DriftPoint(BaseModel):
+    comparison_id: str
+    created_at: datetime
+    value: float | None
+    verdict: str
+    budget: float | None
+
+
+class DriftSeries(BaseModel):
+    key: str
+    shape_signature: str
+    dtype: str
+    target: str
+    metric: str
+    points: list[DriftPoint]

@@ -1,0 +1,59 @@
+"""One settings object (``OPBAND_`` environment prefix), read once and passed down."""
+
+from __future__ import annotations
+
+import ipaddress
+from functools import cached_property
+from pathlib import Path
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class Settings(BaseSettings):
+    """Service configuration. Defaults are the embedded setup: SQLite + a folder in ``data_dir``."""
+
+    model_config = SettingsConfigDict(env_prefix="OPBAND_", extra="ignore")
+
+    data_dir: Path = Field(default=Path(".opband"), description="where the embedded database and blobs live")
+    database_url: str | None = Field(default=None, description="SQLAlchemy URL; default sqlite:///<data_dir>/opband.db")
+    store_url: str | None = Field(default=None, description="blob store: a folder path, file://, or s3://bucket/prefix")
+    s3_endpoint_url: str | None = Field(default=None, description="endpoint of an S3-compatible store (MinIO, moto)")
+    queue: str = Field(default="embedded", description="'embedded' (in-process workers) or 'celery' (opband worker)")
+    broker_url: str = Field(default="redis://127.0.0.1:6379/0", description="Celery broker when queue=celery")
+    workers: int = Field(default=2, ge=0, description="in-process comparison workers (queue=embedded)")
+    job_lease_seconds: int = Field(default=600, ge=5, description="a running job not renewed in this time is retried")
+    max_job_attempts: int = Field(default=3, ge=1)
+    max_upload_bytes: int = Field(default=8 << 30, ge=1, description="uploads beyond this get 413")
+    auth: bool = Field(default=False, description="require project tokens (on whenever bound beyond loopback)")
+    host: str = "127.0.0.1"
+    port: int = 8000
+    log_level: str = "info"
+
+    @model_validator(mode="after")
+    def _refuse_unsafe(self) -> Settings:
+        if not self.auth and not _is_loopback(self.host):
+            raise ValueError(
+                f"refusing to serve on {self.host} without auth: anyone on the network could write results. "
+                "Set OPBAND_AUTH=true (and create tokens with `opband token create`) or bind to 127.0.0.1"
+            )
+        if self.queue not in ("embedded", "celery"):
+            raise ValueError(f"queue must be 'embedded' or 'celery', not {self.queue!r}")
+        return self
+
+    @cached_property
+    def effective_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{(self.data_dir / 'opband.db').resolve()}"
+
+    @cached_property
+    def effective_store_url(self) -> str:
+        return self.store_url or str((self.data_dir / "blobs").resolve())

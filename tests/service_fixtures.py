@@ -1,0 +1,131 @@
+"""Service test fixtures: private PostgreSQL databases, migrated SQLite files, live uvicorn servers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+PG_ADMIN_URL = os.environ.get("OPBAND_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def _pg_admin():  # type: ignore[no-untyped-def]
+    import psycopg
+
+    try:
+        return psycopg.connect(PG_ADMIN_URL.replace("postgresql+psycopg://", "postgresql://"), autocommit=True,
+                               connect_timeout=5)
+    except psycopg.OperationalError as e:
+        if os.environ.get("OPBAND_TEST_ALLOW_NO_PG") == "1":
+            pytest.skip(f"PostgreSQL not reachable at {PG_ADMIN_URL}: {e}")
+        pytest.fail(f"PostgreSQL must be reachable at {PG_ADMIN_URL} for these tests (CI starts it in .ci/run); "
+                    f"set OPBAND_TEST_ALLOW_NO_PG=1 to skip them on a machine without it. Error: {e}")
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A private, empty PostgreSQL database for one test, dropped afterwards."""
+    name = f"opband_test_{uuid.uuid4().hex[:12]}"
+    with _pg_admin() as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    base = PG_ADMIN_URL.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
+    try:
+        yield f"{base}/{name}"
+    finally:
+        with _pg_admin() as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Each service test runs once on SQLite and once on a private PostgreSQL database."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'opband.db'}"
+    return request.getfixturevalue("pg_url")  # type: ignore[no-any-return]
+
+
+@dataclass
+class LiveServer:
+    url: str
+    data_dir: Path
+    database_url: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=60)
+
+    def blob_files(self) -> list[Path]:
+        root = self.data_dir / "blobs"
+        return [p for p in root.rglob("*") if p.is_file()] if root.exists() else []
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(data_dir: Path, database_url: str, extra_env: dict[str, str] | None = None) -> LiveServer:
+    """Migrate, then start ``opband serve`` in a subprocess (a real uvicorn) and wait until healthy."""
+    from api.db import upgrade
+
+    upgrade(database_url)
+    port = free_port()
+    env = {**os.environ, "OPBAND_DATABASE_URL": database_url, "OPBAND_DATA_DIR": str(data_dir), **(extra_env or {})}
+    log = data_dir / "server.log"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "api.cli", "serve", "--port", str(port), "--data-dir", str(data_dir)],
+        env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text()}")
+        try:
+            if httpx.get(url + "/api/v1/health", timeout=1).status_code == 200:
+                return LiveServer(url, data_dir, database_url, proc, log)
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"server did not become healthy:\n{log.read_text()}")
+
+
+def stop_server(server: LiveServer) -> None:
+    server.process.terminate()
+    try:
+        server.process.wait(15)
+    except subprocess.TimeoutExpired:
+        server.process.kill()
+
+
+@pytest.fixture
+def live_server(tmp_path: Path, database_url: str) -> Iterator[LiveServer]:
+    server = start_server(tmp_path / "data", database_url)
+    try:
+        yield server
+    finally:
+        stop_server(server)
+
+
+def wait_done(client: httpx.Client, comparison_id: str, timeout: float = 120) -> dict:  # type: ignore[type-arg]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        c = client.get(f"/api/v1/comparisons/{comparison_id}").json()
+        if c["status"] in ("done", "failed"):
+            return c  # type: ignore[no-any-return]
+        time.sleep(0.2)
+    raise AssertionError(f"comparison {comparison_id} not finished after {timeout}s")
