@@ -1,0 +1,56 @@
+"""The opband command line as a user runs it: capture, compare, demo."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+def opband(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "api.cli", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_capture_and_compare_offline(tmp_path: Path) -> None:
+    ref, bf16 = tmp_path / "ref.bundle", tmp_path / "bf16.bundle"
+    for out, variant in ((ref, "fp32"), (bf16, "bf16")):
+        r = opband("capture", "hooks.demo_model:build", "-o", str(out), "--device", "cpu", "--variant", variant)
+        assert r.returncode == 0, r.stderr
+        assert f"wrote {out}" in r.stdout and "records" in r.stdout
+
+    same = opband("compare", str(ref), str(ref), "--json", str(tmp_path / "same.json"))
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert "PASSED" in same.stdout
+    report = json.loads((tmp_path / "same.json").read_text())
+    assert report["ops"] and all(o["verdict"] == "pass" for o in report["ops"])
+    assert report["first_divergence"] is None
+
+    low = opband("compare", str(ref), str(bf16), "--json", str(tmp_path / "bf16.json"),
+                 "--markdown", str(tmp_path / "bf16.md"), "--html", str(tmp_path / "bf16.html"))
+    assert low.returncode in (0, 1), low.stderr
+    report = json.loads((tmp_path / "bf16.json").read_text())
+    for field in ("key", "op", "module", "input_shapes", "dtype", "metrics", "verdict"):
+        assert all(field in o for o in report["ops"]), field
+    compared = [o for o in report["ops"] if o["metrics"] is not None]
+    assert max(o["metrics"]["max_abs"] for o in compared) > 0, "bf16 must differ from fp32"
+    assert "unmatched" in report and "first_divergence" in report
+    assert (tmp_path / "bf16.html").read_text().startswith("<!doctype html>")
+
+
+def test_compare_bad_input_exits_2(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.bundle"
+    junk.write_bytes(b"definitely not a bundle")
+    r = opband("compare", str(junk), str(junk))
+    assert r.returncode == 2
+    assert "error:" in r.stderr and "bundle" in r.stderr
+    r = opband("capture", "no_such_module_xyz:build", "-o", str(tmp_path / "x.bundle"))
+    assert r.returncode == 2 and "cannot import module" in r.stderr
+
+
+def test_demo_runs_the_whole_pipeline(tmp_path: Path) -> None:
+    r = opband("demo", "--data-dir", str(tmp_path / "demo"), timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "bf16 vs fp32" in r.stdout and "int8 vs fp32" in r.stdout
+    assert r.stdout.count("opband gate:") == 2 and "dashboard: http://127.0.0.1:" in r.stdout
+    assert "model.layers." in r.stdout, "worst-op tables must name ops"
