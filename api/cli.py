@@ -82,12 +82,19 @@ def compare(
 ) -> None:
     """Compare two bundles offline; exit 0 in budget, 1 out of budget, 2 on bad input."""
     import accuracy
+    from accuracy.bundle import Bundle
     from accuracy.errors import OpbandError
     from accuracy.report import to_html, to_json, to_markdown, to_text
 
+    sides = {}
+    for side, path in (("reference", reference), ("target", target)):
+        try:
+            sides[side] = Bundle.open(path)
+        except OpbandError as e:
+            _fail(f"{side} {path} is not a valid opband bundle: {e}")
     try:
         config = _load_config(budgets) if budgets else None
-        report = accuracy.compare(reference, target, mode=mode.value, budgets=config)
+        report = accuracy.compare(sides["reference"], sides["target"], mode=mode.value, budgets=config)
     except (OpbandError, OSError, ValueError) as e:
         _fail(str(e))
     typer.echo(to_text(report, limit=limit))
@@ -116,6 +123,18 @@ def _settings(**overrides: object):  # type: ignore[no-untyped-def]
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as e:
         _fail("; ".join(err["msg"].removeprefix("Value error, ") for err in e.errors()))
+
+
+def _open_db(settings):  # type: ignore[no-untyped-def]
+    """The settings' database, refusing (exit 2, with what to run) one that is not at the schema head."""
+    from api.db import Database, SchemaOutOfDate, check_schema
+
+    db = Database(settings)
+    try:
+        check_schema(db.engine)
+    except SchemaOutOfDate as e:
+        _fail(str(e))
+    return db
 
 
 @app.command()
@@ -213,27 +232,29 @@ def token_create(
 ) -> None:
     """Create a project token and print it once (only its hash is stored)."""
     from api.auth import create_token
-    from api.db import Database, check_schema
 
-    settings = _settings(data_dir=data_dir)
-    db = Database(settings)
-    check_schema(db.engine)
+    db = _open_db(_settings(data_dir=data_dir))
     typer.echo(create_token(db, project, read_only=read_only, name=name))
 
 
 @app.command()
 def worker(data_dir: DataDir = Path(".opband")) -> None:
     """Run comparison jobs from the shared database until interrupted (scale-out workers)."""
-    from api.db import Database, check_schema
+    import signal
+
     from api.jobs import run_worker_forever
+    from api.observability import configure_logging
     from api.store import make_store
 
     settings = _settings(data_dir=data_dir)
-    db = Database(settings)
-    check_schema(db.engine)
-    typer.echo(f"opband worker on {db.engine.url.render_as_string(hide_password=True)}")
+    configure_logging(settings)
+    db = _open_db(settings)
+    stopping: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))  # finish the job, then exit
+    typer.echo(f"opband worker on {db.engine.url.render_as_string(hide_password=True)}", err=True)
     try:
-        run_worker_forever(db, make_store(settings.effective_store_url, settings.s3_endpoint_url), settings)
+        run_worker_forever(db, make_store(settings.effective_store_url, settings.s3_endpoint_url), settings,
+                           should_stop=lambda: bool(stopping), poll_seconds=0.5)
     except KeyboardInterrupt:
         pass
 
