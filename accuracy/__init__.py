@@ -3,6 +3,8 @@
 Imports neither ``hooks`` nor ``api``, and no torch, web or database code.
 """
 
+from accuracy.bands import BandConfig, History
+from accuracy.budgets import BudgetPolicy
 from accuracy.bundle import Bundle, BundleWriter
 from accuracy.compare import ComparisonReport, OpResult, compare
 from accuracy.errors import BundleError, ConfigError, OpbandError
@@ -10,6 +12,6 @@ from accuracy.manifest import Manifest, Record
 from accuracy.metrics import Metrics, compare_arrays
 
 __all__ = [
-    "Bundle", "BundleError", "BundleWriter", "ComparisonReport", "ConfigError", "Manifest", "Metrics",
+    "BandConfig", "BudgetPolicy", "Bundle", "BundleError", "History", "BundleWriter", "ComparisonReport", "ConfigError", "Manifest", "Metrics",
     "OpResult", "OpbandError", "Record", "compare", "compare_arrays",
 ]

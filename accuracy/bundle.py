@@ -21,6 +21,7 @@ import numpy as np
 
 from accuracy.errors import BundleError
 from accuracy.manifest import FORMAT_NAME, Manifest, Record, parse_manifest
+from accuracy.strictjson import loads_strict
 
 #: Header size limit, as in the safetensors reference implementation.
 MAX_HEADER_BYTES = 100_000_000
@@ -39,6 +40,13 @@ DTYPES: dict[str, tuple[np.dtype, int]] = {
     "I8": (np.dtype("i1"), 1),
     "U8": (np.dtype("u1"), 1),
     "BOOL": (np.dtype("?"), 1),
+}
+
+#: Record dtype name -> the tag its tensor must be stored with (quantized dtypes store F32 values).
+RECORD_DTYPE_TAG: dict[str, str] = {
+    "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2", "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8",
+    "bool": "BOOL",
 }
 
 _META_FORMAT = "format"
@@ -89,7 +97,8 @@ class BundleWriter:
         if dtype not in DTYPES:
             raise BundleError(f"unsupported dtype tag {dtype!r}")
         size = int(np.prod(shape, dtype=np.int64)) * DTYPES[dtype][1]
-        view = memoryview(data).cast("B")
+        view = memoryview(data)
+        view = memoryview(b"") if view.nbytes == 0 else view.cast("B") if view.format != "B" or view.ndim != 1 else view
         if view.nbytes != size:
             raise BundleError(f"tensor {name!r}: {view.nbytes} bytes given, shape needs {size}")
         self._data.write(view)
@@ -99,7 +108,7 @@ class BundleWriter:
     def add_array(self, name: str, array: np.ndarray, dtype: str | None = None) -> None:
         """Append a numpy array; ``dtype`` overrides the tag (for raw BF16/F8 payloads)."""
         tag = dtype or numpy_tag(array.dtype)
-        self.add(name, tag, tuple(array.shape), np.ascontiguousarray(array).data)
+        self.add(name, tag, tuple(array.shape), np.ascontiguousarray(array).reshape(-1).view(np.uint8).data)
 
     def close(self, manifest: Manifest) -> Path:
         """Write header + data to ``path`` atomically and return it."""
@@ -270,22 +279,66 @@ def _decode_fp8(raw: np.ndarray, tag: str) -> np.ndarray:
     return _FP8_TABLES[tag][raw]
 
 
+#: Leading bytes of files that are not bundles, and what they are (checked before parsing).
+_FOREIGN_MAGIC: tuple[tuple[bytes, str], ...] = (
+    (b"PK\x03\x04", "a zip archive (torch.save/.pt files are zipped pickles)"),
+    (b"PK\x05\x06", "an empty zip archive"),
+    (b"\x1f\x8b", "a gzip stream"),
+    (b"BZh", "a bzip2 stream"),
+    (b"\xfd7zXZ\x00", "an xz stream"),
+    (b"\x28\xb5\x2f\xfd", "a zstd stream"),
+    (b"\x93NUMPY", "a .npy array"),
+    (b"\x89HDF", "an HDF5 file"),
+)
+
+
+def sniff_foreign(head: bytes) -> str | None:
+    """What a file that is not a bundle looks like (pickle, archive …), from its first bytes."""
+    if len(head) >= 9 and head[8:9] == b"{" and struct.unpack("<Q", head[:8])[0] <= MAX_HEADER_BYTES:
+        return None  # shaped like a bundle: its own error message is the better one
+    for magic, what in _FOREIGN_MAGIC:
+        if head.startswith(magic):
+            return what
+    if len(head) >= 2 and head[0] == 0x80 and head[1] <= 5:
+        return "a Python pickle (bundles never hold pickles)"
+    if len(head) >= 262 and head[257:262] == b"ustar":
+        return "a tar archive"
+    return None
+
+
 def read_header(f: BinaryIO, size: int) -> tuple[dict[str, Any], int]:
-    """Read and JSON-decode the safetensors header; returns (header, data start offset)."""
+    """Read and JSON-decode the safetensors header; returns (header, data start offset).
+
+    A file that fails a structural check and starts like a pickle, an archive or another known
+    format is refused by that name (only then: a bundle whose header length begins with byte
+    0x80 is a valid bundle, not a pickle).
+    """
+    head = f.read(512)
+    f.seek(0)
+    try:
+        return _read_header(f, size)
+    except BundleError:
+        foreign = sniff_foreign(head)
+        if foreign:
+            raise BundleError(f"this file is {foreign}, not an opband bundle; write bundles with "
+                              "`opband capture` or accuracy.BundleWriter") from None
+        raise
+
+
+def _read_header(f: BinaryIO, size: int) -> tuple[dict[str, Any], int]:
     if size < 8:
         raise BundleError(f"file is {size} bytes; a bundle starts with an 8-byte header length")
     (n,) = struct.unpack("<Q", f.read(8))
     if n > MAX_HEADER_BYTES:
-        raise BundleError(f"header length {n} exceeds the {MAX_HEADER_BYTES}-byte limit")
+        raise BundleError(f"header length {n} exceeds the {MAX_HEADER_BYTES}-byte limit (not a bundle, or corrupt)")
+    if n < 2:
+        raise BundleError(f"header length {n} is too short for a JSON object")
     if 8 + n > size:
         raise BundleError(f"header length {n} runs past the end of the {size}-byte file (truncated?)")
     raw = f.read(n)
     if not raw.startswith(b"{"):
         raise BundleError("header does not start with '{': not a safetensors/opband bundle")
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise BundleError(f"header is not valid UTF-8 JSON: {e}") from e
+    header = loads_strict(raw.rstrip(b" "), "bundle header")
     if not isinstance(header, dict):
         raise BundleError("header must be a JSON object")
     return header, 8 + n
@@ -294,6 +347,8 @@ def read_header(f: BinaryIO, size: int) -> tuple[dict[str, Any], int]:
 def _validate_tensors(header: dict[str, Any], buffer_size: int) -> dict[str, TensorInfo]:
     infos: list[TensorInfo] = []
     for name, entry in header.items():
+        if not name or len(name) > 4096:
+            raise BundleError(f"tensor name {name[:40]!r}: names must be 1 to 4096 characters")
         if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
             raise BundleError(f"tensor {name!r}: entry must have exactly dtype, shape, data_offsets")
         dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
@@ -304,6 +359,8 @@ def _validate_tensors(header: dict[str, Any], buffer_size: int) -> dict[str, Ten
         if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)):
             raise BundleError(f"tensor {name!r}: data_offsets must be two integers")
         begin, end = offsets
+        if len(shape) > 64:
+            raise BundleError(f"tensor {name!r}: {len(shape)} dimensions (at most 64)")
         expected = int(np.prod(shape, dtype=object)) * DTYPES[dtype][1]
         if begin < 0 or end < begin or end - begin != expected:
             raise BundleError(f"tensor {name!r}: data_offsets {offsets} do not match shape {shape} x {dtype}")
@@ -339,6 +396,10 @@ def _check_manifest_against_tensors(manifest: Manifest, tensors: dict[str, Tenso
                 raise BundleError(f"record {record.id!r} names tensor {name!r}, which the file does not hold")
             if list(tensors[name].shape) != list(record.shape):
                 raise BundleError(f"record {record.id!r}: shape {record.shape} differs from tensor {list(tensors[name].shape)}")
+            want = RECORD_DTYPE_TAG.get(record.dtype, "F32" if record.dtype.startswith("q") else None)
+            if want is not None and tensors[name].dtype != want:
+                raise BundleError(f"record {record.id!r} is {record.dtype} but tensor {name!r} is stored as "
+                                  f"{tensors[name].dtype} (expected {want})")
         for name in record.input_tensors or []:
             if name is not None and name not in tensors:
                 raise BundleError(f"record {record.id!r} names input tensor {name!r}, which the file does not hold")

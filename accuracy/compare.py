@@ -1,23 +1,35 @@
-"""The comparison pipeline: align two bundles, measure each pair, judge it, find the first divergence."""
+"""The comparison pipeline: align two bundles, measure each pair, judge it, find the first divergence.
+
+Modes: ``propagated`` (two end-to-end runs: errors flow downstream), ``replay`` (the target ran
+each op on the reference's inputs: every failure is local) and ``golden`` (a third bundle of fp64
+recomputations with the reference's record keys; both sides are measured against it and the
+verdict uses target error / reference error). With ``history`` the per-op bands learned from
+accepted runs replace the default budgets wherever there is enough history.
+"""
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Mapping
+from pathlib import Path
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from accuracy.align import Pair, Unmatched, align, same_elements
-from accuracy.budgets import WARN_FACTOR, Budget, BudgetPolicy, effective_dtype
+from accuracy.bands import BandCheck, BandConfig, History, bands_for, benjamini_hochberg
+from accuracy.budgets import Budget, BudgetPolicy, effective_dtype, reduction_length
 from accuracy.bundle import Bundle
-from accuracy.manifest import Record
-from accuracy.metrics import Metrics, compare_arrays, compare_discrete, is_float_dtype
+from accuracy.errors import BundleError
+from accuracy.divergence import dataflow, mark_first_divergence
+from accuracy.manifest import Record, shape_signature
+from accuracy.metrics import Metrics, compare_arrays, compare_discrete, compare_stats, is_float_dtype
+from accuracy.verdicts import (
+    VERDICT_ORDER, judge_bands, judge_budget, judge_golden, judge_nonfinite_history, worst_verdict,
+)
 
-VERDICT_ORDER = ("pass", "new", "missing", "warn", "fail")
 MODES = ("propagated", "replay", "golden")
+__all__ = ["MODES", "VERDICT_ORDER", "ComparisonReport", "OpResult", "compare", "judge", "target_name", "worst_verdict"]
 
 
 @dataclass
@@ -40,6 +52,10 @@ class OpResult:
     budget: Budget | None = None
     aligned_by: str = "key"
     inherited: bool = False
+    bands: list[BandCheck] = field(default_factory=list)  # non-empty when judged against history
+    p_value: float | None = None  # band mode: Bonferroni over the op's metrics, before FDR control
+    reference_metrics: Metrics | None = None  # golden mode: the reference against the golden
+    golden_ratio: float | None = None  # golden mode: target error / reference error
 
     @property
     def id(self) -> str:
@@ -47,19 +63,28 @@ class OpResult:
 
     @property
     def shape_signature(self) -> str:
-        from accuracy.manifest import shape_signature
-
         return shape_signature(self.input_shapes)
 
     @property
-    def severity(self) -> float:
-        """How far out of budget this op is (error / budget); orders the table worst first."""
-        if self.metrics is None or self.budget is None:
+    def error(self) -> float:
+        """The op's normalized L2 error (inf when it has no metrics but failed)."""
+        if self.metrics is None:
             return math.inf if self.verdict == "fail" else 0.0
-        if self.metrics.nan_where_ref_finite or self.metrics.inf_mismatch or self.metrics.nan_mismatch:
+        return self.metrics.norm_l2
+
+    @property
+    def severity(self) -> float:
+        """How far out of its band or budget this op is (value / limit); orders tables worst first."""
+        if self.metrics is None:
+            return math.inf if self.verdict == "fail" else 0.0
+        if not self.metrics.finite_outcome:
             return math.inf
+        if self.bands:
+            return max(c.value / c.band.upper if c.band.upper > 0 else math.inf for c in self.bands)
+        if self.budget is None:
+            return 0.0
         if self.budget.norm_l2 == 0:
-            return math.inf if self.metrics.norm_l2 > 0 else 0.0
+            return math.inf if self.metrics.norm_l2 > 0 or self.metrics.mismatches else 0.0
         return self.metrics.norm_l2 / self.budget.norm_l2
 
 
@@ -75,16 +100,20 @@ class ComparisonReport:
     first_divergence: OpResult | None
     verdict: str
     counts: dict[str, int] = field(default_factory=dict)
+    golden: dict[str, Any] | None = None
+    history: dict[str, Any] | None = None
 
     def __bool__(self) -> bool:
         return self.verdict != "fail"
 
     def worst_first(self) -> list[OpResult]:
-        return sorted(self.ops, key=lambda o: (-VERDICT_ORDER.index(o.verdict), -o.severity, o.index))
+        return sorted(self.ops, key=lambda o: (-VERDICT_ORDER.index(o.verdict), o.inherited, -o.severity, o.index))
 
 
-def worst_verdict(verdicts: list[str]) -> str:
-    return max(verdicts, key=VERDICT_ORDER.index) if verdicts else "pass"
+def target_name(b: Bundle) -> str:
+    """The target a history is kept for: ``run.target`` if set, else ``device/variant``."""
+    run = b.manifest.run
+    return str(run.get("target") or f"{b.manifest.device}/{b.manifest.variant}")
 
 
 def compare(
@@ -92,140 +121,195 @@ def compare(
     target: str | os.PathLike[str] | Bundle,
     *,
     mode: str = "propagated",
-    budgets: Mapping[str, Any] | BudgetPolicy | None = None,
+    budgets: Mapping[str, Any] | BudgetPolicy | str | os.PathLike[str] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    golden: str | os.PathLike[str] | Bundle | None = None,
+    history: History | Mapping[Any, Any] | Iterable[Mapping[str, Any]] | str | os.PathLike[str] | None = None,
+    band_config: BandConfig | None = None,
+    target_id: str | None = None,
 ) -> ComparisonReport:
-    """Compare two bundles op by op and return the report the CLI, API and gate all render."""
+    """Compare two bundles op by op and return the report the CLI, API and gate all render.
+
+    ``golden``: the fp64 recomputation bundle (required in golden mode). ``history``: accepted
+    past results (see docs/bands.md); ``target_id`` names the target they were kept for.
+    """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
-    ref = reference if isinstance(reference, Bundle) else Bundle.open(reference)
-    tgt = target if isinstance(target, Bundle) else Bundle.open(target)
+    ref = _open(reference)
+    tgt = _open(target)
+    gold = _open(golden) if golden is not None else None
+    if mode == "golden" and gold is None:
+        if not is_golden(ref):
+            raise ValueError("mode='golden' needs golden=<bundle of fp64 recomputations with the reference's record "
+                             "keys>, or a golden bundle (hooks replay golden=True) as the reference")
+        gold, ref = ref, _original_reference(ref)
     policy = budgets if isinstance(budgets, BudgetPolicy) else BudgetPolicy.from_config(budgets)
+    hist = History.load(history) if history is not None else None
+    cfg = band_config or BandConfig()
+    tname = target_id or target_name(tgt)
     pairs, unmatched = align(ref.records, tgt.records)
-    variant = tgt.manifest.variant
+    judge_ctx = _Context(ref, tgt, gold if mode == "golden" else None, policy, mode, tgt.manifest.variant, hist, cfg, tname)
     results: list[OpResult] = []
     for i, pair in enumerate(pairs):
-        results.append(_judge_pair(ref, tgt, pair, policy, mode, variant))
+        results.append(judge_ctx.judge_pair(pair))
         if progress:
             progress(i + 1, len(pairs))
+    _apply_fdr(results, cfg)
     results += [_unmatched_result(u) for u in unmatched]
-    first = _mark_first_divergence(results, mode)
+    replayed = bool(tgt.manifest.run.get("replay_of") or tgt.manifest.run.get("replay"))
+    local_everywhere = mode == "replay" or (mode == "golden" and replayed)
+    first = mark_first_divergence(results, local_everywhere, dataflow(tgt.records))
     counts = {v: sum(1 for r in results if r.verdict == v) for v in VERDICT_ORDER}
     return ComparisonReport(
-        reference=_side(ref),
-        target=_side(tgt),
-        mode=mode,
-        ops=results,
-        unmatched=unmatched,
-        first_divergence=first,
-        verdict=worst_verdict([r.verdict for r in results]),
-        counts=counts,
+        reference=_side(ref), target=_side(tgt), mode=mode, ops=results, unmatched=unmatched,
+        first_divergence=first, verdict=worst_verdict([r.verdict for r in results]), counts=counts,
+        golden=_side(gold) if gold is not None else None,
+        history={"target": tname, "ops_with_bands": sum(1 for r in results if r.bands)} if hist is not None else None,
     )
+
+
+def is_golden(b: Bundle) -> bool:
+    """True for an fp64 recomputation bundle (``hooks.replay(..., golden=True)`` marks ``run.golden``)."""
+    run = b.manifest.run
+    return bool(run.get("golden")) or str(run.get("variant", "")).endswith("golden")
+
+
+def _original_reference(gold: Bundle) -> Bundle:
+    """The reference a golden was recomputed from (``run.replay_of``), or the golden itself if gone."""
+    path = gold.manifest.run.get("replay_of")
+    if path and Path(str(path)).is_file():
+        try:
+            return Bundle.open(str(path))
+        except BundleError:
+            return gold
+    return gold
+
+
+def _open(x: str | os.PathLike[str] | Bundle) -> Bundle:
+    return x if isinstance(x, Bundle) else Bundle.open(x)
 
 
 def _side(b: Bundle) -> dict[str, Any]:
     return {"path": str(b.path), "run": b.manifest.run, "records": len(b.records)}
 
 
+@dataclass
+class _Context:
+    ref: Bundle
+    tgt: Bundle
+    golden: Bundle | None
+    policy: BudgetPolicy
+    mode: str
+    variant: str
+    history: History | None
+    config: BandConfig
+    target: str
+
+    def judge_pair(self, pair: Pair) -> OpResult:
+        r, t = pair.reference, pair.target
+        base = _base(pair)
+        if not same_elements(r, t):
+            return OpResult(**base, metrics=None, verdict="fail", reason=f"shape differs: reference {r.shape}, target {t.shape}")
+        if is_float_dtype(r.dtype) != is_float_dtype(t.dtype):
+            return OpResult(**base, metrics=None, verdict="fail",
+                            reason=f"dtype kind differs: reference {r.dtype}, target {t.dtype}")
+        gold = self._golden_record(r)
+        try:
+            metrics = _measure(self.golden if gold else self.ref, self.tgt, gold or r, t)
+            ref_metrics = (_measure(self.golden, self.ref, gold, r)
+                           if gold and self.golden is not None and self.golden is not self.ref else None)
+        except Exception as e:  # noqa: BLE001 - our bug, reported with the pair, never the user's crash
+            return OpResult(**base, metrics=None, verdict="fail",
+                            reason=f"internal error comparing {r.id}: {type(e).__name__}: {e} (please report)")
+        if metrics is None:
+            return OpResult(**base, metrics=None, verdict="new", reason="no tensor or statistics to compare on one side")
+        if metrics.mismatches is not None:
+            verdict = "fail" if metrics.mismatches else "pass"
+            reason = f"{metrics.mismatches} of {metrics.numel} elements differ" if metrics.mismatches else "all elements equal"
+            return OpResult(**base, metrics=metrics, verdict=verdict, reason=reason, budget=Budget(0.0, 1.0, "exact"))
+        dtype = effective_dtype(t.dtype, self.variant, self.mode)
+        k = reduction_length(t.op, t.input_shapes, t.shape)
+        budget = self.policy.budget(r.key, t.op, t.kind, dtype, "replay" if self.mode == "golden" else self.mode, k)
+        result = OpResult(**base, metrics=metrics, verdict="pass", reason="", budget=budget, reference_metrics=ref_metrics)
+        if self.history is not None and self._judge_history(result, dtype):
+            return result
+        if ref_metrics is not None:
+            result.verdict, result.reason, result.golden_ratio = judge_golden(metrics, ref_metrics, budget)
+        else:
+            result.verdict, result.reason = judge_budget(metrics, budget)
+            if self.golden is not None and gold is None:
+                result.reason += " (no golden record: judged against the reference)"
+            elif gold is not None:
+                result.reason += " (vs fp64 golden; no reference outputs to compare its error with)"
+        return result
+
+    def _golden_record(self, r: Record) -> Record | None:
+        if self.golden is None:
+            return None
+        try:
+            return self.golden.record(r.id)
+        except KeyError:
+            return None
+
+    def _judge_history(self, result: OpResult, dtype: str) -> bool:
+        """Judge against bands when there is enough history; False to fall back to the budget."""
+        assert self.history is not None and result.metrics is not None
+        bands, runs, nonfinite = bands_for(self.history, result.key, result.op, result.shape_signature,
+                                           result.dtype, self.target, self.config)
+        categorical = judge_nonfinite_history(result.metrics, runs, nonfinite) if runs >= self.config.min_history else None
+        if categorical is not None:
+            result.verdict, result.reason = categorical
+            return True
+        if not bands:
+            return False
+        m = result.metrics
+        result.bands = [BandCheck(b, m.get(b.metric), b.p_value(m.get(b.metric))) for b in bands]
+        out = [c.p_value for c in result.bands if c.out]
+        result.p_value = min(1.0, min(out) * len(result.bands)) if out else 1.0
+        return True
+
+
+def _apply_fdr(results: list[OpResult], cfg: BandConfig) -> None:
+    """Benjamini-Hochberg across the banded ops of this comparison, then their verdicts."""
+    banded = [r for r in results if r.bands and r.p_value is not None]
+    reject = benjamini_hochberg([r.p_value for r in banded], cfg.fdr)  # type: ignore[misc]
+    for r, significant in zip(banded, reject, strict=True):
+        r.verdict, r.reason = judge_bands(r.bands, significant, len(banded))
+
+
+def judge(metrics: Metrics, budget: Budget) -> tuple[str, str]:
+    """Verdict and reason in words for one op's metrics against a budget (kept for callers)."""
+    return judge_budget(metrics, budget)
+
+
 def _base(pair: Pair) -> dict[str, Any]:
     t = pair.target
     return dict(
-        key=pair.reference.key,
-        output=pair.reference.output,
-        op=t.op,
-        module=t.module,
-        kind=t.kind,
-        index=t.index,
-        input_shapes=t.input_shapes,
-        shape=t.shape,
-        dtype=t.dtype,
-        reference_dtype=pair.reference.dtype,
+        key=pair.reference.key, output=pair.reference.output, op=t.op, module=t.module, kind=t.kind, index=t.index,
+        input_shapes=t.input_shapes, shape=t.shape, dtype=t.dtype, reference_dtype=pair.reference.dtype,
         aligned_by=pair.how,
     )
 
 
-def _judge_pair(ref: Bundle, tgt: Bundle, pair: Pair, policy: BudgetPolicy, mode: str, variant: str) -> OpResult:
-    r, t = pair.reference, pair.target
-    base = _base(pair)
-    if not same_elements(r, t):
-        return OpResult(**base, metrics=None, verdict="fail", reason=f"shape differs: reference {r.shape}, target {t.shape}")
-    if is_float_dtype(r.dtype) != is_float_dtype(t.dtype):
-        return OpResult(**base, metrics=None, verdict="fail", reason=f"dtype kind differs: reference {r.dtype}, target {t.dtype}")
-    try:
-        metrics = _measure(ref, tgt, r, t)
-    except Exception as e:  # noqa: BLE001 - our bug, reported with the pair, never the user's crash
-        return OpResult(**base, metrics=None, verdict="fail", reason=f"internal error comparing {r.id}: {type(e).__name__}: {e} (please report)")
-    if metrics is None:
-        return OpResult(**base, metrics=None, verdict="new", reason="no tensor or statistics to compare on one side")
-    if metrics.mismatches is not None:
-        verdict = "fail" if metrics.mismatches else "pass"
-        reason = f"{metrics.mismatches} of {metrics.numel} elements differ" if metrics.mismatches else "all elements equal"
-        return OpResult(**base, metrics=metrics, verdict=verdict, reason=reason, budget=Budget(0.0, 1.0, "exact"))
-    budget = policy.budget(r.key, t.op, t.kind, effective_dtype(t.dtype, variant, mode), mode)
-    verdict, reason = judge(metrics, budget)
-    return OpResult(**base, metrics=metrics, verdict=verdict, reason=reason, budget=budget)
-
-
-def judge(metrics: Metrics, budget: Budget) -> tuple[str, str]:
-    """Verdict and reason in words for one op's metrics against a budget."""
-    if metrics.nan_where_ref_finite:
-        return "fail", f"{metrics.nan_where_ref_finite} NaN where the reference is finite"
-    if metrics.nan_mismatch or metrics.inf_mismatch:
-        return "fail", f"NaN/Inf pattern differs ({metrics.nan_mismatch} NaN, {metrics.inf_mismatch} Inf mismatches)"
-    err, limit = metrics.norm_l2, budget.norm_l2
-    if err <= limit and metrics.cosine >= budget.cosine_min:
-        return "pass", f"norm_l2 {err:.1e} <= {limit:.1e} ({budget.source})"
-    if err <= limit * WARN_FACTOR and metrics.cosine >= budget.cosine_min:
-        return "warn", f"norm_l2 {err:.1e} > {limit:.1e} by less than {WARN_FACTOR:g}x ({budget.source})"
-    if err > limit:
-        return "fail", f"norm_l2 {err:.1e} > {limit:.1e} ({budget.source})"
-    return "fail", f"cosine {metrics.cosine:.6f} < {budget.cosine_min:.6f} ({budget.source})"
-
-
-def _measure(ref: Bundle, tgt: Bundle, r: Record, t: Record) -> Metrics | None:
+def _measure(ref: Bundle | None, tgt: Bundle, r: Record | None, t: Record) -> Metrics | None:
+    if ref is None or r is None:
+        return None
     if r.tensor is not None and t.tensor is not None:
-        if not is_float_dtype(r.dtype):
-            return compare_discrete(ref.values(r.tensor), tgt.values(t.tensor))
+        if not is_float_dtype(r.dtype) or not is_float_dtype(t.dtype):
+            return compare_discrete(ref.iter_chunks(r.tensor), tgt.iter_chunks(t.tensor))
         absmax = r.stats.absmax if r.stats and r.stats.absmax is not None else None
         return compare_arrays(ref.iter_chunks(r.tensor), tgt.iter_chunks(t.tensor), t.dtype, absmax)
-    if r.stats and t.stats and r.stats.sample and t.stats.sample and len(r.stats.sample) == len(t.stats.sample):
-        # summary bundles: the deterministic element sample stands in for the tensor
-        return compare_arrays(np.asarray(r.stats.sample), np.asarray(t.stats.sample), t.dtype, r.stats.absmax)
+    if r.stats and t.stats:
+        return compare_stats(r.stats, t.stats, t.dtype)
     return None
 
 
 def _unmatched_result(u: Unmatched) -> OpResult:
     rec = u.record
     return OpResult(
-        key=rec.key,
-        output=rec.output,
-        op=rec.op,
-        module=rec.module,
-        kind=rec.kind,
-        index=rec.index,
-        input_shapes=rec.input_shapes,
-        shape=rec.shape,
-        dtype=rec.dtype,
-        reference_dtype=rec.dtype,
-        metrics=None,
+        key=rec.key, output=rec.output, op=rec.op, module=rec.module, kind=rec.kind, index=rec.index,
+        input_shapes=rec.input_shapes, shape=rec.shape, dtype=rec.dtype, reference_dtype=rec.dtype, metrics=None,
         verdict="missing" if u.side == "reference" else "new",
         reason=("only in the reference: " if u.side == "reference" else "only in the target: ") + u.reason,
         aligned_by="none",
     )
-
-
-def _mark_first_divergence(results: list[OpResult], mode: str) -> OpResult | None:
-    """The earliest out-of-budget op in execution order; later failures are marked inherited.
-
-    ATen-level records are preferred (they name the op); module records are used when the
-    bundle has no ATen records. In replay and golden modes every failure is local.
-    """
-    bad = [r for r in results if r.verdict in ("fail", "warn") and r.aligned_by != "none"]
-    if not bad:
-        return None
-    fine = [r for r in bad if r.kind != "module"] or bad
-    first = min(fine, key=lambda r: r.index)
-    if mode == "propagated":
-        for r in bad:
-            r.inherited = r is not first and r.index > first.index and r.kind == first.kind
-    return first

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from accuracy.errors import BundleError
+from accuracy.strictjson import loads_strict
 
 FORMAT_NAME = "opband.bundle"
 FORMAT_VERSION = "1.0"
@@ -115,12 +115,35 @@ def shape_signature(shapes: list[list[int] | None]) -> str:
     return ",".join("-" if s is None else "x".join(map(str, s)) or "scalar" for s in shapes)
 
 
+SUPPORTED_MINOR = int(FORMAT_VERSION.split(".")[1])
+
+
+def _newer_minor(version: Any) -> bool:
+    parts = str(version).split(".")
+    return (len(parts) == 2 and all(p.isdigit() for p in parts) and int(parts[0]) == SUPPORTED_MAJOR
+            and int(parts[1]) > SUPPORTED_MINOR)
+
+
+def _drop_unknown_fields(data: dict[str, Any]) -> dict[str, Any]:
+    """A newer minor version may add optional fields: readers ignore them (docs/bundle-format.md)."""
+    def keep(d: Any, model: type[BaseModel]) -> Any:
+        return {k: v for k, v in d.items() if k in model.model_fields} if isinstance(d, dict) else d
+
+    out = keep(data, Manifest)
+    records = out.get("records")
+    if isinstance(records, list):
+        out["records"] = [keep(r, Record) for r in records]
+        for r in out["records"]:
+            if isinstance(r, dict) and isinstance(r.get("stats"), dict):
+                r["stats"] = keep(r["stats"], Stats)
+    return out
+
+
 def parse_manifest(text: str) -> Manifest:
     """Parse manifest JSON, turning every schema problem into one readable BundleError."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise BundleError(f"manifest is not valid JSON: {e}") from e
+    data = loads_strict(text, "manifest")
+    if isinstance(data, dict) and _newer_minor(data.get("format_version")):
+        data = _drop_unknown_fields(data)
     try:
         return Manifest.model_validate(data)
     except ValidationError as e:

@@ -7,6 +7,7 @@ import json
 import math
 from typing import Any
 
+from accuracy.bands import BandCheck
 from accuracy.compare import ComparisonReport, OpResult
 
 REPORT_SCHEMA = "opband.report/1"
@@ -22,6 +23,8 @@ def to_dict(report: ComparisonReport) -> dict[str, Any]:
         "counts": report.counts,
         "reference": report.reference,
         "target": report.target,
+        "golden": report.golden,
+        "history": report.history,
         "first_divergence": op_to_dict(report.first_divergence) if report.first_divergence else None,
         "ops": [op_to_dict(o) for o in report.worst_first()],
         "unmatched": [
@@ -51,9 +54,33 @@ def op_to_dict(o: OpResult) -> dict[str, Any]:
         "budget": {"norm_l2": o.budget.norm_l2, "cosine_min": o.budget.cosine_min, "source": o.budget.source}
         if o.budget
         else None,
+        "bands": [_band_to_dict(c) for c in o.bands],
+        "p_value": o.p_value,
+        "golden_ratio": _num(o.golden_ratio),
+        "reference_metrics": o.reference_metrics.as_dict() if o.reference_metrics is not None else None,
+        "severity": _num(o.severity),
         "aligned_by": o.aligned_by,
         "inherited": o.inherited,
     }
+
+
+def _num(v: float | None) -> float | str | None:
+    if v is None or math.isfinite(v):
+        return v
+    return "inf" if v > 0 else "-inf" if v < 0 else "nan"
+
+
+def _band_to_dict(c: BandCheck) -> dict[str, Any]:
+    b = c.band
+    return {"metric": b.metric, "value": _num(c.value), "upper": _num(b.upper), "p_value": c.p_value, "out": c.out,
+            "n": b.n, "level": b.level, "coverage": b.coverage, "confidence": b.confidence}
+
+
+def limit_of(o: OpResult) -> float | None:
+    """The number an op was held to: its tightest-violated band, else its budget."""
+    if o.bands:
+        return max(o.bands, key=lambda c: c.value / c.band.upper if c.band.upper > 0 else math.inf).band.upper
+    return o.budget.norm_l2 if o.budget else None
 
 
 def to_json(report: ComparisonReport) -> str:
@@ -86,9 +113,21 @@ def headline(report: ComparisonReport) -> str:
     if fd is not None:
         line += f"\n{'FAILED' if fd.verdict == 'fail' else 'WARNING'} | first divergence: {fd.id} " \
                 f"(op {fd.op}, module {fd.module or '<root>'}, input shapes {fd.shape_signature}) | {fd.reason}"
-        line += "\nNote: later failures marked 'inherited' carry this op's error downstream; " \
-                "re-run with `opband capture --replay` to measure each op on its own inputs."
+        if report.mode == "propagated":
+            line += "\nNote: later failures marked 'inherited' carry this op's error downstream; " \
+                    "re-run with `opband capture --replay` to measure each op on its own inputs."
+        else:
+            line += "\nNote: each op ran on the reference's inputs, so every failure listed is local."
     return line
+
+
+def local_failures(report: ComparisonReport, limit: int = 10) -> list[str]:
+    """One ``FAILED``/``WARNING`` line per out-of-band op that is not inherited, worst first."""
+    rows = [o for o in report.worst_first() if o.verdict in ("fail", "warn") and not o.inherited]
+    lines = [f"{'FAILED' if o.verdict == 'fail' else 'WARNING'} | {o.id} | {o.reason}" for o in rows[:limit]]
+    if len(rows) > limit:
+        lines.append(f"... {len(rows) - limit} more")
+    return lines
 
 
 def to_text(report: ComparisonReport, limit: int | None = 20, width: int = 160) -> str:
@@ -106,21 +145,23 @@ def to_text(report: ComparisonReport, limit: int | None = 20, width: int = 160) 
     table.add_column("dtype")
     for name in TABLE_METRICS:
         table.add_column(name, justify="right")
-    table.add_column("budget", justify="right")
+    table.add_column("limit", justify="right")
     rows = report.worst_first()
     for o in rows[:limit] if limit else rows:
         verdict = o.verdict.upper() + (" (inherited)" if o.inherited else "")
         table.add_row(
             verdict, o.id, o.shape_signature, o.dtype,
             *[fmt(_metric(o, m)) for m in TABLE_METRICS],
-            fmt(o.budget.norm_l2) if o.budget else "-",
+            fmt(limit_of(o)),
         )
     buf = StringIO()
     console = Console(file=buf, width=width, force_terminal=False, no_color=True)
     console.print(table)
     if limit and len(rows) > limit:
         console.print(f"... {len(rows) - limit} more ops (use --json for all)")
-    console.print(headline(report))
+    for line in local_failures(report):
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
+    console.print(headline(report), highlight=False, markup=False, soft_wrap=True)
     return buf.getvalue()
 
 

@@ -1,0 +1,83 @@
+"""First divergence: the earliest op whose error is its own, not carried in by its inputs.
+
+With a dataflow graph (records name their ``input_tensors`` and those tensors were produced by
+earlier records) an out-of-band op is *local* when none of its inputs is out of band, or when its
+error exceeds ``AMPLIFICATION`` times the largest error of its inputs (its own error dominates);
+otherwise *inherited*. Without one, errors are assumed to flow forward in execution order: the
+earliest out-of-band op (ATen records preferred, since they name the op) is the first divergence
+and every later out-of-band op is inherited. In replay mode every op ran on the reference's
+inputs, so every failure is local.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+#: An op whose error exceeds its worst input's error by more than this is local even so.
+AMPLIFICATION = 64.0
+
+
+class Judged(Protocol):
+    verdict: str
+    kind: str
+    index: int
+    inherited: bool
+    aligned_by: str
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def error(self) -> float: ...
+
+
+def _bad(r: Judged) -> bool:
+    return r.verdict in ("fail", "warn") and r.aligned_by != "none"
+
+
+def mark_first_divergence(results: Sequence[Judged], local_everywhere: bool,
+                          inputs_of: Mapping[str, Sequence[str]] | None = None) -> Judged | None:
+    """Set ``inherited`` on each result and return the first divergence (or None)."""
+    bad = [r for r in results if _bad(r)]
+    if not bad:
+        return None
+    by_id = {r.id: r for r in results}
+    if local_everywhere:
+        local = bad
+    elif inputs_of:
+        local = []
+        for r in bad:
+            ins = [by_id[i] for i in inputs_of.get(r.id, ()) if i in by_id and i != r.id]
+            bad_in = [i for i in ins if _bad(i)]
+            worst_in = max((i.error for i in bad_in), default=0.0)
+            r.inherited = bool(bad_in) and r.error <= AMPLIFICATION * worst_in
+            if not r.inherited:
+                local.append(r)
+        local = local or bad
+    else:
+        local = bad
+    preferred = [r for r in local if r.kind != "module"] or local
+    first = min(preferred, key=lambda r: r.index)
+    if not local_everywhere and not inputs_of:
+        for r in bad:
+            r.inherited = r is not first and r.index > first.index
+    return first
+
+
+def dataflow(records: Sequence[object]) -> dict[str, list[str]]:
+    """``{record id: [ids of the records that produced its inputs]}`` from ``input_tensors``.
+
+    Empty when the bundle carries no input tensor names (the execution-order rule applies).
+    """
+    producer: dict[str, str] = {}
+    for rec in sorted(records, key=lambda r: r.index):  # type: ignore[attr-defined]
+        name = rec.tensor  # type: ignore[attr-defined]
+        if name is not None and name not in producer:
+            producer[name] = rec.id  # type: ignore[attr-defined]
+    out: dict[str, list[str]] = {}
+    for rec in records:
+        names = rec.input_tensors  # type: ignore[attr-defined]
+        if names:
+            out[rec.id] = [producer[n] for n in names if n is not None and n in producer]  # type: ignore[attr-defined]
+    return out if any(out.values()) else {}

@@ -1,0 +1,98 @@
+"""Verdicts in words: one op's metrics against a budget, a golden ratio, or bands from history.
+
+Every function returns ``(verdict, reason)``; the reason says what failed, by how much, against
+what (``max rel err 3.1e-02 > band 4.0e-03 (99%/95% tolerance bound of 12 accepted runs)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from accuracy.bands import BandCheck
+from accuracy.budgets import GOLDEN_RATIO, WARN_FACTOR, Budget
+from accuracy.metrics import Metrics
+
+VERDICT_ORDER = ("pass", "new", "missing", "warn", "fail")
+LABELS = {"norm_l2": "norm L2 err", "max_rel": "max rel err", "max_abs": "max abs err", "mean_rel": "mean rel err",
+          "rmse": "RMSE", "ulp_max": "max ULP err", "p99.9": "p99.9 abs err", "p99": "p99 abs err"}
+
+
+def label(metric: str) -> str:
+    return LABELS.get(metric, metric)
+
+
+def worst_verdict(verdicts: Sequence[str]) -> str:
+    return max(verdicts, key=VERDICT_ORDER.index) if verdicts else "pass"
+
+
+def nonfinite_reason(m: Metrics) -> str | None:
+    """Words for a NaN/Inf pattern that differs from the reference, or None."""
+    if m.nan_where_ref_finite:
+        return f"{m.nan_where_ref_finite} NaN where the reference is finite"
+    if m.nan_mismatch or m.inf_mismatch:
+        return f"NaN/Inf pattern differs ({m.nan_mismatch} NaN, {m.inf_mismatch} Inf mismatches)"
+    return None
+
+
+def judge_budget(m: Metrics, budget: Budget) -> tuple[str, str]:
+    """Verdict of one op's metrics against a budget."""
+    bad = nonfinite_reason(m)
+    if bad:
+        return "fail", bad
+    err, limit = m.norm_l2, budget.norm_l2
+    what = "summary norm L2 err" if m.source == "summary" else "norm L2 err"
+    if err <= limit and m.cosine >= budget.cosine_min:
+        return "pass", f"{what} {err:.1e} <= budget {limit:.1e} ({budget.source})"
+    if err <= limit * WARN_FACTOR and m.cosine >= budget.cosine_min:
+        return "warn", f"{what} {err:.1e} > budget {limit:.1e} by less than {WARN_FACTOR:g}x ({budget.source})"
+    if err > limit:
+        return "fail", f"{what} {err:.1e} > budget {limit:.1e} ({budget.source})"
+    return "fail", f"cosine {m.cosine:.6f} < {budget.cosine_min:.6f} ({budget.source})"
+
+
+def judge_golden(target: Metrics, reference: Metrics, budget: Budget) -> tuple[str, str, float]:
+    """Golden mode: both sides against the fp64 recomputation; returns (verdict, reason, ratio).
+
+    The target passes when its error is within its dtype budget, or within ``GOLDEN_RATIO``
+    times the reference's own error (so a reference's rounding is not blamed on the target).
+    """
+    bad = nonfinite_reason(target)
+    t_err, r_err = target.norm_l2, reference.norm_l2
+    ratio = t_err / r_err if r_err > 0 else (1.0 if t_err == 0 else float("inf"))
+    if bad:
+        return "fail", bad + " (vs fp64 golden)", ratio
+    allowed = max(budget.norm_l2, GOLDEN_RATIO * r_err)
+    words = (f"norm L2 err vs fp64 golden {t_err:.1e} = {ratio:.3g}x the reference's {r_err:.1e} "
+             f"(allowed {GOLDEN_RATIO:g}x, or budget {budget.norm_l2:.1e} {budget.source})")
+    if t_err <= allowed:
+        return "pass", words, ratio
+    if t_err <= allowed * WARN_FACTOR:
+        return "warn", words, ratio
+    return "fail", words, ratio
+
+
+def judge_bands(checks: Sequence[BandCheck], significant: bool, n_tested: int) -> tuple[str, str]:
+    """Verdict of one op against its bands; ``significant`` is the FDR decision across ops."""
+    out = [c for c in checks if c.out]
+    if not out:
+        c = max(checks, key=lambda c: c.value / c.band.upper if c.band.upper > 0 else 0.0)
+        return "pass", f"{label(c.band.metric)} {c.value:.1e} <= band {c.band.upper:.1e} ({c.band.describe()})"
+    c = min(out, key=lambda c: c.p_value)
+    words = f"{label(c.band.metric)} {c.value:.1e} > band {c.band.upper:.1e} ({c.band.describe()}), p={c.p_value:.1e}"
+    if significant:
+        return "fail", words
+    return "warn", words + f", not significant after FDR control over {n_tested} ops"
+
+
+def judge_nonfinite_history(m: Metrics, runs: int, nonfinite: int) -> tuple[str, str] | None:
+    """NaN/Inf as an outcome of its own against history; None when finite as usual."""
+    bad = nonfinite_reason(m)
+    if bad is None:
+        if runs and nonfinite * 2 > runs:
+            return "warn", f"finite where {nonfinite} of {runs} accepted runs had a NaN/Inf mismatch (fixed?)"
+        return None
+    if nonfinite == 0:
+        return "fail", f"{bad}; never seen in {runs} accepted runs"
+    if nonfinite * 2 >= runs:
+        return "pass", f"{bad}, as in {nonfinite} of {runs} accepted runs"
+    return "warn", f"{bad}; seen in only {nonfinite} of {runs} accepted runs"

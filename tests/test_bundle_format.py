@@ -1,0 +1,126 @@
+"""Golden bytes of a tiny bundle, safetensors interoperability and the format's edge cases."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from accuracy.bundle import Bundle, BundleWriter
+from accuracy.errors import BundleError
+from accuracy.manifest import Manifest, Record
+
+MANIFEST = (
+    '{"format_version":"1.0","run":{"variant":"fp32"},"environment":{},"records":[{"key":"m/aten.mul#0",'
+    '"output":0,"module":"m","op":"aten.mul","ordinal":0,"kind":"aten","index":0,"input_shapes":[[2],null],'
+    '"input_dtypes":[],"shape":[2],"dtype":"float32","tensor":"a","step":0}],"skipped_ops":{},"diagnostics":[]}'
+)
+
+
+def _tiny(path: Path) -> Path:
+    w = BundleWriter(path)
+    w.add_array("a", np.array([1.0, -2.5], np.float32))
+    w.add_array("s", np.array(7, np.int8))  # 0-rank
+    w.add_array("e", np.zeros((0, 3), np.float16))  # empty
+    w.add("b", "BF16", (2,), np.array([0x3F80, 0xC020], np.uint16).data)  # 1.0, -2.5 in bfloat16
+    manifest = Manifest(run={"variant": "fp32"}, records=[Record(
+        key="m/aten.mul#0", module="m", op="aten.mul", index=0, shape=[2], dtype="float32", tensor="a",
+        input_shapes=[[2], None])])
+    return w.close(manifest)
+
+
+def test_golden_bytes(tmp_path: Path) -> None:
+    header = json.dumps({
+        "__metadata__": {"format": "opband.bundle", "opband.manifest": MANIFEST},
+        "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+        "s": {"dtype": "I8", "shape": [], "data_offsets": [8, 9]},
+        "e": {"dtype": "F16", "shape": [0, 3], "data_offsets": [9, 9]},
+        "b": {"dtype": "BF16", "shape": [2], "data_offsets": [9, 13]},
+    }, separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)
+    data = b"\x00\x00\x80\x3f" + b"\x00\x00\x20\xc0" + b"\x07" + b"\x80\x3f\x20\xc0"
+    expected = struct.pack("<Q", len(header)) + header + data
+    got = _tiny(tmp_path / "tiny.bundle").read_bytes()
+    assert got == expected
+    assert len(got) == 669 and got[:8] == b"\x88\x02\x00\x00\x00\x00\x00\x00"
+    assert (8 + len(header)) % 8 == 0  # the data buffer starts 8-byte aligned
+
+
+def test_tiny_bundle_reads_back(tmp_path: Path) -> None:
+    b = Bundle.open(_tiny(tmp_path / "tiny.bundle"))
+    assert b.values("a").tolist() == [1.0, -2.5]
+    assert b.values("s").shape == () and int(b.values("s")) == 7
+    assert b.values("e").shape == (0, 3)
+    assert b.values("b").tolist() == [1.0, -2.5]
+    assert b.record("m/aten.mul#0").input_shapes == [[2], None]
+
+
+def test_safetensors_reads_a_bundle(tmp_path: Path) -> None:
+    from safetensors.numpy import load_file
+
+    w = BundleWriter(tmp_path / "x.bundle")
+    w.add_array("a", np.array([[1.0, np.nan], [np.inf, -0.0]], np.float32))
+    w.add_array("i", np.arange(3, dtype=np.int64))
+    path = w.close(Manifest())
+    loaded = load_file(str(path))
+    np.testing.assert_array_equal(loaded["a"], np.array([[1.0, np.nan], [np.inf, -0.0]], np.float32))
+    assert loaded["i"].tolist() == [0, 1, 2]
+
+
+def test_empty_bundle_is_valid(tmp_path: Path) -> None:
+    path = BundleWriter(tmp_path / "empty.bundle").close(Manifest())
+    assert Bundle.open(path).records == []
+
+
+def test_fp8_decoding_matches_the_formats() -> None:
+    from accuracy.bundle import decode
+
+    e4m3 = decode(np.array([0x38, 0x7E, 0x7F, 0x01, 0xB8], np.uint8), "F8_E4M3")
+    assert e4m3[0] == 1.0 and e4m3[1] == 448.0 and np.isnan(e4m3[2]) and e4m3[3] == 2.0**-9 and e4m3[4] == -1.0
+    e5m2 = decode(np.array([0x3C, 0x7B, 0x7C, 0x7D, 0x01], np.uint8), "F8_E5M2")
+    assert e5m2[0] == 1.0 and e5m2[1] == 57344.0 and e5m2[2] == np.inf and np.isnan(e5m2[3]) and e5m2[4] == 2.0**-16
+
+
+def _with_manifest(tmp_path: Path, manifest_json: str) -> Path:
+    header = json.dumps({"__metadata__": {"format": "opband.bundle", "opband.manifest": manifest_json}}).encode()
+    path = tmp_path / "m.bundle"
+    path.write_bytes(struct.pack("<Q", len(header)) + header)
+    return path
+
+
+def test_newer_minor_version_ignores_unknown_fields(tmp_path: Path) -> None:
+    man = {"format_version": "1.7", "future": {"x": 1}, "records": [
+        {"key": "m/f#0", "module": "m", "op": "f", "index": 0, "shape": [1], "dtype": "float32", "new_field": 3,
+         "stats": {"numel": 1, "mean": 0.5, "kurtosis": 2.0}}]}
+    b = Bundle.open(_with_manifest(tmp_path, json.dumps(man)))
+    assert b.records[0].stats is not None and b.records[0].stats.mean == 0.5
+
+
+def test_same_minor_version_refuses_unknown_fields(tmp_path: Path) -> None:
+    with pytest.raises(BundleError, match="future"):
+        Bundle.open(_with_manifest(tmp_path, json.dumps({"format_version": "1.0", "future": 1})))
+
+
+def test_non_finite_statistics_round_trip(tmp_path: Path) -> None:
+    from accuracy.manifest import Stats
+
+    w = BundleWriter(tmp_path / "s.bundle")
+    rec = Record(key="m/f#0", module="m", op="f", index=0, shape=[2], dtype="float32",
+                 stats=Stats(numel=2, min=float("-inf"), max=float("nan"), nan=1, inf=1))
+    b = Bundle.open(w.close(Manifest(records=[rec])))
+    st = b.records[0].stats
+    assert st is not None and st.min == float("-inf") and np.isnan(st.max)
+
+
+def test_writer_refuses_wrong_sizes_and_duplicates(tmp_path: Path) -> None:
+    w = BundleWriter(tmp_path / "w.bundle")
+    with pytest.raises(BundleError, match="bytes given"):
+        w.add("a", "F32", (3,), b"\x00" * 8)
+    w.add("a", "F32", (2,), b"\x00" * 8)
+    with pytest.raises(BundleError, match="duplicate"):
+        w.add("a", "F32", (2,), b"\x00" * 8)
+    w.abort()
+    assert not (tmp_path / "w.bundle").exists()
