@@ -12,10 +12,13 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
 from api.errors import ServiceError
+from api.middleware import RequestLog
+from api.observability import JobsByStatus, configure_logging
 from api.routes import router
+from api.routes_review import router as review_router
 from api.services import Services
 from api.settings import Settings
 
@@ -30,10 +33,15 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        configure_logging(settings)
         services = Services.open(settings)
         app.state.services = services
-        if start_workers and settings.queue == "embedded":
+        app.state.metrics = CollectorRegistry(auto_describe=True)
+        app.state.metrics.register(JobsByStatus(services.db))
+        if start_workers and settings.runs_jobs_in_process:
             services.workers.start()
+        log.info("service started", extra={"database": services.db.engine.dialect.name, "queue": settings.queue,
+                                           "in_process_workers": services.workers.alive(), "auth": settings.auth})
         try:
             yield
         finally:
@@ -42,6 +50,8 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
     app = FastAPI(title="opband", version="0.1.0", lifespan=lifespan,
                   description="Operator-level numerical accuracy regression service")
     app.include_router(router, prefix="/api/v1")
+    app.include_router(review_router, prefix="/api/v1")
+    app.add_middleware(RequestLog)
 
     @app.exception_handler(ServiceError)
     async def service_error(_: Request, exc: ServiceError) -> JSONResponse:
@@ -50,12 +60,14 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
         parts = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
-        return JSONResponse({"detail": "; ".join(parts) or "invalid request", "errors": exc.errors()},
+        errors = [{k: e[k] for k in ("loc", "msg", "type") if k in e} for e in exc.errors()]  # never echo raw input
+        return JSONResponse({"detail": "; ".join(parts) or "invalid request", "errors": errors},
                             status_code=422)
 
     @app.get("/metrics", include_in_schema=False)
-    def metrics() -> Response:
-        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+    def metrics(request: Request) -> Response:
+        body = generate_latest(REGISTRY) + generate_latest(request.app.state.metrics)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/", include_in_schema=False)
     def dashboard() -> FileResponse:

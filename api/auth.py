@@ -6,6 +6,7 @@ import hashlib
 import secrets
 
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 
 from api.db import Database
 from api.errors import Forbidden, NotFound, Unauthorized
@@ -19,6 +20,14 @@ def hash_token(token: str) -> str:
 
 
 def get_or_create_project(db: Database, name: str, public: bool | None = None) -> Project:
+    """The project ``name``, created on first use; safe when two requests create it at once."""
+    try:
+        return _get_or_create_project(db, name, public)
+    except IntegrityError:  # a concurrent request created it first: use theirs
+        return _get_or_create_project(db, name, public)
+
+
+def _get_or_create_project(db: Database, name: str, public: bool | None) -> Project:
     with db.session() as s:
         project = s.scalar(select(Project).where(Project.name == name))
         if project is None:

@@ -17,6 +17,7 @@ from accuracy.errors import BundleError
 from api.db import Database
 from api.errors import InvalidInput, TooLarge
 from api.models import BundleRow, OpRecordRow, Project
+from api.observability import UPLOAD_BYTES
 from api.store import BlobStore
 
 
@@ -43,6 +44,7 @@ async def spool(body: AsyncIterator[bytes], temp_dir: Path, limit: int, declared
         with os.fdopen(fd, "wb") as f:
             async for chunk in body:
                 size += len(chunk)
+                UPLOAD_BYTES.inc(len(chunk))
                 if size > limit:
                     raise TooLarge(f"bundle exceeds this server's limit of {limit} bytes (OPBAND_MAX_UPLOAD_BYTES)")
                 digest.update(chunk)

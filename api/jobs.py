@@ -16,22 +16,25 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import and_, delete, or_, select
+from sqlalchemy import and_, delete, or_, select, update
 from sqlalchemy.orm import lazyload
 
 import accuracy
 from accuracy.errors import OpbandError
 from accuracy.report import op_to_dict
 from api.db import Database
-from api.models import AcceptedDeviation, Comparison, OpResultRow, Regression, Series, utcnow
+from api.models import AcceptedDeviation, Comparison, OpResultRow, Project, Regression, Series, utcnow
+from api.observability import JOB_SECONDS, JOBS_FINISHED
 from api.settings import Settings
 from api.store import BlobStore
 
 log = logging.getLogger("opband.jobs")
 _CLAIM_LOCK = threading.Lock()  # SQLite has no SKIP LOCKED: serialise claims within the process
+_PERSIST_LOCK = threading.Lock()  # SQLite: one writer of results at a time within the process
 
 
 def worker_name() -> str:
@@ -39,7 +42,12 @@ def worker_name() -> str:
 
 
 def claim_next(db: Database, settings: Settings, name: str) -> str | None:
-    """Claim the oldest runnable job (pending, or running with an expired lease); return its id."""
+    """Claim the oldest runnable job (pending, or running with an expired lease); return its id.
+
+    PostgreSQL locks the candidate with ``FOR UPDATE SKIP LOCKED`` so concurrent workers pick
+    different rows; the claim itself is a conditional UPDATE (same status and attempt count as
+    read), so two processes on SQLite cannot both win one row either.
+    """
     with _CLAIM_LOCK, db.session() as s:
         now = utcnow()
         q = (
@@ -55,64 +63,125 @@ def claim_next(db: Database, settings: Settings, name: str) -> str | None:
         job = s.scalar(q)
         if job is None:
             return None
+        same = (Comparison.id == job.id, Comparison.status == job.status, Comparison.attempts == job.attempts)
         if job.attempts >= settings.max_job_attempts:
-            job.status, job.finished_at = "failed", now
-            job.error = (f"gave up after {job.attempts} attempts: the worker running it stopped "
-                         "(crashed, killed or out of memory) each time; see the worker logs")
+            s.execute(update(Comparison).where(*same).values(
+                status="failed", finished_at=now, lease_until=None,
+                error=(f"gave up after {job.attempts} attempts: the worker running it stopped "
+                       "(crashed, killed or out of memory) each time; see the worker logs")))
+            log.warning("job given up", extra={"job_id": job.id, "attempts": job.attempts})
             return None
-        job.status, job.worker, job.started_at = "running", name, now
-        job.attempts += 1
-        job.lease_until = now + timedelta(seconds=settings.job_lease_seconds)
+        claimed = s.execute(update(Comparison).where(*same).values(
+            status="running", worker=name, started_at=now, attempts=job.attempts + 1,
+            lease_until=now + timedelta(seconds=settings.job_lease_seconds)))
+        if claimed.rowcount != 1:  # type: ignore[attr-defined]
+            return None
+        if job.status == "running":
+            log.warning("retrying a job whose lease expired",
+                        extra={"job_id": job.id, "previous_worker": job.worker, "worker": name})
         return job.id
 
 
-def renew_lease(db: Database, settings: Settings, job_id: str, name: str) -> None:
+def renew_lease(db: Database, settings: Settings, job_id: str, name: str) -> bool:
+    """Extend this worker's lease on a job; False when the job is no longer ours."""
     with db.session() as s:
         job = s.get(Comparison, job_id)
-        if job is not None and job.status == "running" and job.worker == name:
-            job.lease_until = utcnow() + timedelta(seconds=settings.job_lease_seconds)
+        if job is None or job.status != "running" or job.worker != name:
+            return False
+        job.lease_until = utcnow() + timedelta(seconds=settings.job_lease_seconds)
+        return True
 
 
-def run_job(db: Database, store: BlobStore, settings: Settings, job_id: str, name: str) -> None:
-    """Run one claimed comparison to done or failed."""
-    last_renew = [time.monotonic()]
+class Heartbeat:
+    """Renews a job's lease every third of the lease time while the job runs, from its own thread."""
 
-    def progress(done: int, total: int) -> None:
-        if time.monotonic() - last_renew[0] > settings.job_lease_seconds / 3:
-            renew_lease(db, settings, job_id, name)
-            last_renew[0] = time.monotonic()
+    def __init__(self, db: Database, settings: Settings, job_id: str, name: str) -> None:
+        self.db, self.settings, self.job_id, self.name = db, settings, job_id, name
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"lease-{job_id[:8]}", daemon=True)
 
+    def _beat(self) -> None:
+        while not self._stop.wait(self.settings.job_lease_seconds / 3):
+            try:
+                if not renew_lease(self.db, self.settings, self.job_id, self.name):
+                    return
+            except Exception:  # noqa: BLE001 - retried at the next beat; the lease has slack
+                log.warning("renewing the lease failed", extra={"job_id": self.job_id}, exc_info=True)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def run_job(db: Database, store: BlobStore, settings: Settings, job_id: str, name: str) -> str:
+    """Run one claimed comparison to done or failed; returns the final status."""
+    started = time.monotonic()
     with db.session() as s:
         job = s.get(Comparison, job_id)
         assert job is not None
-        ref_key, tgt_key, mode = job.reference.storage_key, job.target.storage_key, job.mode
+        ref_key, tgt_key, mode, attempt = job.reference.storage_key, job.target.storage_key, job.mode, job.attempts
+    log.info("job started", extra={"job_id": job_id, "worker": name, "attempt": attempt, "mode": mode})
     try:
-        with store.local_path(ref_key) as ref_path, store.local_path(tgt_key) as tgt_path:
-            report = accuracy.compare(ref_path, tgt_path, mode=mode, progress=progress)
-            persist_report(db, job_id, report)
+        with Heartbeat(db, settings, job_id, name), store.local_path(ref_key) as ref_path, \
+                store.local_path(tgt_key) as tgt_path:
+            report = accuracy.compare(ref_path, tgt_path, mode=mode)
+            status = persist_report(db, job_id, report, name)
     except OpbandError as e:
-        _fail(db, job_id, f"{type(e).__name__}: {e}")
+        status = _fail(db, job_id, f"{type(e).__name__}: {e}", name)
     except Exception as e:  # noqa: BLE001 - recorded on the job; the worker carries on
-        log.exception("comparison %s failed", job_id)
-        _fail(db, job_id, f"internal error ({type(e).__name__}: {e}); please report it with this comparison id")
+        log.exception("comparison failed", extra={"job_id": job_id})
+        status = _fail(db, job_id, f"internal error ({type(e).__name__}: {e}); please report it with this comparison id",
+                       name)
+    seconds = time.monotonic() - started
+    JOB_SECONDS.labels(status).observe(seconds)
+    JOBS_FINISHED.labels(status).inc()
+    log.info("job finished", extra={"job_id": job_id, "worker": name, "status": status,
+                                    "duration_ms": round(seconds * 1000, 1)})
+    return status
 
 
-def _fail(db: Database, job_id: str, error: str) -> None:
+def _owned(s: Any, db: Database, job_id: str, name: str) -> Comparison | None:
+    """The job row, locked, if this worker still holds it (a worker whose lease ran out must not write)."""
+    q = select(Comparison).where(Comparison.id == job_id).options(lazyload("*"))
+    if db.engine.dialect.name == "postgresql":
+        q = q.with_for_update()
+    job = s.scalar(q)
+    if job is None or job.status != "running" or job.worker != name:
+        log.warning("lost the lease: another worker took the job over, dropping this result",
+                    extra={"job_id": job_id, "worker": name})
+        return None
+    return job
+
+
+def _fail(db: Database, job_id: str, error: str, name: str) -> str:
     with db.session() as s:
-        job = s.get(Comparison, job_id)
-        if job is not None:
-            job.status, job.error, job.finished_at, job.lease_until = "failed", error[:4000], utcnow(), None
+        job = _owned(s, db, job_id, name)
+        if job is None:
+            return "lost"
+        job.status, job.error, job.finished_at, job.lease_until = "failed", error[:4000], utcnow(), None
+    return "failed"
 
 
 def _finite(x: Any) -> float | None:
     return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
 
 
-def persist_report(db: Database, job_id: str, report: accuracy.ComparisonReport) -> None:
-    """Write the per-op results, drift series and regressions of a finished comparison."""
-    with db.session() as s:
-        job = s.get(Comparison, job_id)
-        assert job is not None
+def persist_report(db: Database, job_id: str, report: accuracy.ComparisonReport, name: str) -> str:
+    """Write the per-op results, drift series and regressions of a finished comparison.
+
+    Writes of one project are serialised (PostgreSQL: a row lock on the project; SQLite: a process
+    lock) so that two workers never both create the same drift series or regression.
+    """
+    with _PERSIST_LOCK if db.engine.dialect.name == "sqlite" else nullcontext(), db.session() as s:
+        job = _owned(s, db, job_id, name)
+        if job is None:
+            return "lost"
+        if db.engine.dialect.name == "postgresql":
+            s.execute(select(Project.id).where(Project.id == job.project_id).with_for_update())
         target = f"{job.target.variant}@{job.target.device}"
         s.execute(delete(OpResultRow).where(OpResultRow.comparison_id == job_id))
         series = _series_for(s, job.project_id, target, report.ops)
@@ -140,6 +209,7 @@ def persist_report(db: Database, job_id: str, report: accuracy.ComparisonReport)
         if job.first_divergence and job.first_divergence.get("metrics"):
             job.first_divergence["metrics"].pop("histogram", None)
         job.unmatched, job.finished_at, job.lease_until, job.error = len(report.unmatched), now, None, None
+    return "done"
 
 
 def _series_for(s: Any, project_id: int, target: str, ops: list[accuracy.OpResult]) -> dict[tuple[str, str, str], Series]:
@@ -156,6 +226,10 @@ def _series_for(s: Any, project_id: int, target: str, ops: list[accuracy.OpResul
                                      dtype=o.dtype, target=target)
             s.add(existing[ident])
         out[(o.id, o.shape_signature, o.dtype)] = existing[ident]
+        sev = _finite(o.severity)
+        ser = existing[ident]
+        if sev is not None and (ser.worst_severity is None or sev > ser.worst_severity):
+            ser.worst_severity = sev
     s.flush()
     return out
 
@@ -216,6 +290,10 @@ class WorkerPool:
             t.start()
             self._threads.append(t)
 
+    def alive(self) -> int:
+        """How many worker threads are running."""
+        return sum(t.is_alive() for t in self._threads)
+
     def notify(self) -> None:
         """A job was queued: wake an idle worker now rather than at its next poll."""
         self._wake.set()
@@ -246,10 +324,15 @@ def run_worker_forever(db: Database, store: BlobStore, settings: Settings,
                        should_stop: Callable[[], bool] = lambda: False, poll_seconds: float = 1.0) -> None:
     """``opband worker``: one process claiming jobs from the shared database until stopped."""
     name = worker_name()
+    log.info("worker started", extra={"worker": name})
     while not should_stop():
-        job_id = claim_next(db, settings, name)
+        try:
+            job_id = claim_next(db, settings, name)
+        except Exception:  # noqa: BLE001 - database restarting: back off and retry
+            log.exception("claiming a job failed", extra={"worker": name})
+            time.sleep(poll_seconds)
+            continue
         if job_id is None:
             time.sleep(poll_seconds)
             continue
-        log.info("running comparison %s", job_id)
         run_job(db, store, settings, job_id, name)

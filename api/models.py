@@ -104,7 +104,8 @@ class Series(Base):
     """One drift line: (op key, input shapes, dtype, target) within a project."""
 
     __tablename__ = "series"
-    __table_args__ = (UniqueConstraint("project_id", "key", "shape_signature", "dtype", "target", name="uq_series"),)
+    __table_args__ = (UniqueConstraint("project_id", "key", "shape_signature", "dtype", "target", name="uq_series"),
+                      Index("ix_series_project_worst", "project_id", "worst_severity"))
     id: Mapped[int] = mapped_column(primary_key=True)
     project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
     key: Mapped[str] = mapped_column(String(1000))
@@ -112,6 +113,8 @@ class Series(Base):
     shape_signature: Mapped[str] = mapped_column(String(1000))
     dtype: Mapped[str] = mapped_column(String(40))
     target: Mapped[str] = mapped_column(String(200))
+    #: the worst severity any result of this series had: the drift view's "worst first" without a scan
+    worst_severity: Mapped[float | None] = mapped_column(Float)
 
 
 class OpResultRow(Base):
@@ -181,7 +184,8 @@ class Regression(Base):
     """An op (key + input shapes + dtype + target) that went out of band."""
 
     __tablename__ = "regressions"
-    __table_args__ = (Index("ix_regressions_project_status", "project_id", "status"),)
+    __table_args__ = (Index("ix_regressions_project_status", "project_id", "status"),
+                      Index("ix_regressions_project_updated", "project_id", "updated_at"))
     id: Mapped[int] = mapped_column(primary_key=True)
     project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
     series_id: Mapped[int] = mapped_column(ForeignKey("series.id", ondelete="CASCADE"), unique=True)

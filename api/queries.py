@@ -9,12 +9,14 @@ from sqlalchemy import Select, func, select
 from api.db import Database
 from api.errors import InvalidInput, NotFound
 from api.models import BundleRow, Comparison, OpResultRow, Project, Regression, Series
-from api.schemas import DriftPoint, DriftSeries
+from api.schemas import BundleDiff, DriftPoint, DriftSeries, EnvironmentChange
 
 METRIC_COLUMNS = {
     "norm_l2": OpResultRow.norm_l2, "max_abs": OpResultRow.max_abs, "max_rel": OpResultRow.max_rel,
     "cosine": OpResultRow.cosine, "snr_db": OpResultRow.snr_db, "severity": OpResultRow.severity,
 }
+#: which budget entry bounds each metric (the band drawn under a drift line)
+BAND_OF_METRIC = {"norm_l2": "norm_l2", "cosine": "cosine_min"}
 SORTS = METRIC_COLUMNS | {"index": OpResultRow.index, "key": OpResultRow.key}
 VERDICTS = ("pass", "warn", "fail", "new", "missing")
 
@@ -127,19 +129,8 @@ def drift(db: Database, project: Project, metric: str, key: str | None, target: 
         if target:
             sq = sq.where(Series.target == target)
         if not key:
-            # the series that were worst in their latest results: what a person wants to see first
-            worst = (
-                select(OpResultRow.series_id, func.max(OpResultRow.severity).label("worst"))
-                .join(Series, Series.id == OpResultRow.series_id)
-                .where(Series.project_id == project.id)
-                .group_by(OpResultRow.series_id)
-                .order_by(func.max(OpResultRow.severity).desc().nulls_last())
-                .limit(series_limit)
-            )
-            if target:
-                worst = worst.where(Series.target == target)
-            ids = [r[0] for r in s.execute(worst)]
-            sq = sq.where(Series.id.in_(ids))
+            # the series that were ever worst: what a person wants to see first (an index, not a scan)
+            sq = sq.order_by(Series.worst_severity.desc().nulls_last())
         series = list(s.scalars(sq.limit(series_limit)))
         out = []
         for ser in series:
@@ -150,8 +141,33 @@ def drift(db: Database, project: Project, metric: str, key: str | None, target: 
                 .limit(points)
             ).all()
             pts = [DriftPoint(comparison_id=r[0], created_at=r[1], value=r[2], verdict=r[3],
-                              budget=(r[4] or {}).get("norm_l2") if metric == "norm_l2" else None)
+                              budget=(r[4] or {}).get(BAND_OF_METRIC.get(metric, "")))
                    for r in reversed(rows)]
             out.append(DriftSeries(key=ser.key, shape_signature=ser.shape_signature, dtype=ser.dtype,
                                    target=ser.target, metric=metric, points=pts))
     return out
+
+
+def get_regression(db: Database, regression_id: int) -> Regression:
+    with db.session() as s:
+        row = s.get(Regression, regression_id)
+    if row is None:
+        raise NotFound(f"regression {regression_id} does not exist")
+    return row
+
+
+#: run fields that change numerics; every environment field is compared as well
+RUN_FIELDS = ("variant", "device", "level", "mode", "seed", "options")
+
+
+def bundle_diff(a: BundleRow, b: BundleRow) -> BundleDiff:
+    """What differs between two bundles' capture setups: torch, driver/CUDA/CANN, dtype, flags, threads, device."""
+    def flat(row: BundleRow) -> dict[str, Any]:
+        out = {f"environment.{k}": v for k, v in (row.environment or {}).items()}
+        out.update({f"run.{k}": (row.run or {}).get(k) for k in RUN_FIELDS if k in (row.run or {})})
+        return out
+
+    fa, fb = flat(a), flat(b)
+    fields = sorted(set(fa) | set(fb))
+    changed = [EnvironmentChange(field=f, a=fa.get(f), b=fb.get(f)) for f in fields if fa.get(f) != fb.get(f)]
+    return BundleDiff(a=a.id, b=b.id, changed=changed, same=len(fields) - len(changed))

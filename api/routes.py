@@ -5,20 +5,20 @@ from __future__ import annotations
 import uuid
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
-from sqlalchemy import text
 
 from api import queries
 from api.auth import authorize
-from api.errors import InvalidInput, NotFound, Unavailable
+from api.errors import InvalidInput, NotFound
 from api.ingest import spool, store_bundle
 from api.models import Comparison, Project
 from api.schemas import (
     BundleDetail, BundlePublic, ComparisonCreate, ComparisonPublic, DriftSeries, OpResultPublic, Page,
     ProjectPublic, RegressionPublic,
 )
+from api.observability import UPLOADS
 from api.services import Services
 
 router = APIRouter()
@@ -36,8 +36,10 @@ def bearer(authorization: Annotated[str | None, Header()] = None) -> str | None:
 
 ServicesDep = Annotated[Services, Depends(get_services)]
 TokenDep = Annotated[str | None, Depends(bearer)]
+ProjectName = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+                                  description="letters, digits, '.', '_' and '-'")]
 Limit = Annotated[int, Query(ge=1, le=1000)]
-Offset = Annotated[int, Query(ge=0)]
+Offset = Annotated[int, Query(ge=0, le=1_000_000_000)]
 
 
 def read_project(svc: Services, name: str, token: str | None) -> Project:
@@ -50,12 +52,16 @@ def comparison_public(c: Comparison) -> ComparisonPublic:
     return out
 
 
+def project_by_id(svc: Services, project_id: int) -> Project:
+    with svc.db.session() as s:
+        project = s.get(Project, project_id)
+    assert project is not None
+    return project
+
+
 def _project_of_comparison(svc: Services, comparison_id: str, token: str | None) -> Comparison:
     c = queries.get_comparison(svc.db, comparison_id)
-    with svc.db.session() as s:
-        project = s.get(Project, c.project_id)
-    assert project is not None
-    read_project(svc, project.name, token)
+    read_project(svc, project_by_id(svc, c.project_id).name, token)
     return c
 
 
@@ -65,16 +71,10 @@ def health() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/ready")
-def ready(svc: ServicesDep) -> dict[str, str]:
-    """Ready: database and blob store reachable."""
-    try:
-        with svc.db.session() as s:
-            s.execute(text("SELECT 1"))
-        svc.store.check()
-    except Exception as e:  # noqa: BLE001 - readiness reports, it does not crash
-        raise Unavailable(f"not ready: {type(e).__name__}: {e}") from e
-    return {"status": "ready", "database": svc.db.engine.dialect.name, "queue": svc.settings.queue}
+@router.get("/ready", responses={503: {"description": "database, store or queue unreachable; detail says which"}})
+def ready(svc: ServicesDep) -> dict[str, str | int]:
+    """Ready: database (at the schema head), blob store and job queue reachable."""
+    return svc.readiness()
 
 
 @router.get("/projects", response_model=Page[ProjectPublic])
@@ -86,7 +86,7 @@ def projects(svc: ServicesDep) -> Page[ProjectPublic]:
 @router.post("/projects/{project}/bundles", status_code=201, response_model=BundlePublic,
              responses={200: {"description": "these exact bytes were uploaded before: the same bundle"},
                         413: {"description": "over the upload limit"}, 422: {"description": "not a valid bundle"}})
-async def upload_bundle(project: str, request: Request, response: Response, svc: ServicesDep,
+async def upload_bundle(project: ProjectName, request: Request, response: Response, svc: ServicesDep,
                         token: TokenDep) -> BundlePublic:
     """Upload one bundle file as the raw request body (streamed to disk, hashed, validated)."""
     proj = await run_in_threadpool(authorize, svc.db, project, token, True, svc.settings.auth, True)
@@ -97,12 +97,13 @@ async def upload_bundle(project: str, request: Request, response: Response, svc:
         raise InvalidInput(f"Content-Length {declared!r} is not a number") from None
     upload = await spool(request.stream(), svc.upload_temp_dir, svc.settings.max_upload_bytes, length)
     row, created = await run_in_threadpool(store_bundle, svc.db, svc.store, proj, upload)
+    UPLOADS.labels("created" if created else "duplicate").inc()
     response.status_code = 201 if created else 200
     return BundlePublic.model_validate(row)
 
 
 @router.get("/projects/{project}/bundles", response_model=Page[BundlePublic])
-def list_bundles(project: str, svc: ServicesDep, token: TokenDep, limit: Limit = 50, offset: Offset = 0) -> Page[BundlePublic]:
+def list_bundles(project: ProjectName, svc: ServicesDep, token: TokenDep, limit: Limit = 50, offset: Offset = 0) -> Page[BundlePublic]:
     rows, count = queries.list_bundles(svc.db, read_project(svc, project, token), limit, offset)
     return Page(data=[BundlePublic.model_validate(r) for r in rows], count=count)
 
@@ -133,14 +134,11 @@ def download_bundle(bundle_id: str, svc: ServicesDep, token: TokenDep) -> Stream
 
 
 def _check_bundle_access(svc: Services, project_id: int, token: str | None) -> None:
-    with svc.db.session() as s:
-        project = s.get(Project, project_id)
-    assert project is not None
-    read_project(svc, project.name, token)
+    read_project(svc, project_by_id(svc, project_id).name, token)
 
 
 @router.post("/projects/{project}/comparisons", status_code=202, response_model=ComparisonPublic)
-def create_comparison(project: str, body: ComparisonCreate, svc: ServicesDep, token: TokenDep) -> ComparisonPublic:
+def create_comparison(project: ProjectName, body: ComparisonCreate, svc: ServicesDep, token: TokenDep) -> ComparisonPublic:
     """Queue a comparison of two bundles of this project; poll GET /comparisons/{id} for its status."""
     proj = authorize(svc.db, project, token, write=True, auth_on=svc.settings.auth)
     for side, bid in (("reference", body.reference), ("target", body.target)):
@@ -159,7 +157,7 @@ def create_comparison(project: str, body: ComparisonCreate, svc: ServicesDep, to
 
 
 @router.get("/projects/{project}/comparisons", response_model=Page[ComparisonPublic])
-def list_comparisons(project: str, svc: ServicesDep, token: TokenDep, limit: Limit = 50, offset: Offset = 0,
+def list_comparisons(project: ProjectName, svc: ServicesDep, token: TokenDep, limit: Limit = 50, offset: Offset = 0,
                      status: str | None = None) -> Page[ComparisonPublic]:
     rows, count = queries.list_comparisons(svc.db, read_project(svc, project, token), limit, offset, status)
     return Page(data=[comparison_public(r) for r in rows], count=count)
@@ -193,7 +191,7 @@ def comparison_ops(
 
 
 @router.get("/projects/{project}/regressions", response_model=Page[RegressionPublic])
-def list_regressions(project: str, svc: ServicesDep, token: TokenDep,
+def list_regressions(project: ProjectName, svc: ServicesDep, token: TokenDep,
                      status: Annotated[str | None, Query(description="comma-separated: active,acknowledged,accepted,resolved")] = "active",
                      op: str | None = None, shape: str | None = None, limit: Limit = 50, offset: Offset = 0) -> Page[RegressionPublic]:
     rows, count = queries.regressions(svc.db, read_project(svc, project, token), status, op, shape, limit, offset)
@@ -201,7 +199,7 @@ def list_regressions(project: str, svc: ServicesDep, token: TokenDep,
 
 
 @router.get("/projects/{project}/drift", response_model=list[DriftSeries])
-def project_drift(project: str, svc: ServicesDep, token: TokenDep, metric: str = "norm_l2",
+def project_drift(project: ProjectName, svc: ServicesDep, token: TokenDep, metric: str = "norm_l2",
                   key: Annotated[str | None, Query(description="op key glob; default: the worst series")] = None,
                   target: Annotated[str | None, Query(description="e.g. bf16@cpu")] = None,
                   series: Annotated[int, Query(ge=1, le=100)] = 8,

@@ -10,7 +10,10 @@ from typing import BinaryIO
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import ClientError
+from boto3.exceptions import S3UploadFailedError
+from botocore.exceptions import BotoCoreError, ClientError
+
+from api.errors import Unavailable
 
 
 class S3Store:
@@ -30,8 +33,12 @@ class S3Store:
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def put_file(self, key: str, path: Path) -> None:
-        self.client.upload_file(str(path), self.bucket, self._key(key))
-        path.unlink(missing_ok=True)
+        try:
+            self.client.upload_file(str(path), self.bucket, self._key(key))
+        except (ClientError, BotoCoreError, S3UploadFailedError) as e:
+            raise Unavailable(f"the blob store s3://{self.bucket} refused the upload ({e}); try again later") from e
+        finally:
+            path.unlink(missing_ok=True)
 
     def exists(self, key: str) -> bool:
         try:
@@ -59,4 +66,10 @@ class S3Store:
         return Path(tempfile.gettempdir())
 
     def check(self) -> None:
-        self.client.head_bucket(Bucket=self.bucket)
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except ClientError as e:
+            code = e.response.get("Error", {}).get("Code")
+            if code in ("404", "NoSuchBucket", "NotFound"):
+                raise RuntimeError(f"bucket {self.bucket!r} does not exist: create it (e.g. `mc mb local/{self.bucket}`)") from e
+            raise

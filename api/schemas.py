@@ -121,3 +121,65 @@ class DriftSeries(BaseModel):
     target: str
     metric: str
     points: list[DriftPoint]
+
+
+class ProjectUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    public: bool = Field(description="public projects can be read without a token")
+
+
+class BaselineCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+                      description="e.g. the branch name: main, release-2.4 (no '/')")
+
+
+class BaselinePromote(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    comparison: str = Field(max_length=64, description="id of a finished comparison to accept into the baseline")
+    force: bool = Field(default=False, description="also accept a comparison whose verdict is fail")
+
+
+class BaselinePublic(BaseModel):
+    name: str
+    created_at: datetime
+    comparisons: list[str]
+
+
+class DeviationCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    key_pattern: str = Field(min_length=1, max_length=1000, description="op key glob, e.g. model.layers.*/aten.mm#0")
+    shape_signature: str | None = Field(default=None, max_length=1000, description="only these input shapes")
+    reason: str = Field(min_length=1, max_length=4000, description="why this deviation is acceptable")
+    author: str = Field(min_length=1, max_length=200)
+    expires_at: datetime | None = Field(default=None, description="after this the deviation no longer applies")
+
+
+class DeviationPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+    id: int
+    key_pattern: str
+    shape_signature: str | None
+    reason: str
+    author: str
+    expires_at: datetime | None
+    created_at: datetime
+    accepted_regressions: int = 0
+
+
+class RegressionUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    status: Literal["active", "acknowledged", "accepted", "resolved"]
+
+
+class EnvironmentChange(BaseModel):
+    field: str
+    a: Any
+    b: Any
+
+
+class BundleDiff(BaseModel):
+    a: str
+    b: str
+    changed: list[EnvironmentChange]
+    same: int = Field(description="how many compared fields are equal")

@@ -23,7 +23,8 @@ def serve(settings: Settings, migrate: bool = True) -> None:
     """Serve until interrupted. Embedded SQLite is migrated on start; other databases are checked."""
     if migrate and settings.effective_database_url.startswith("sqlite"):
         upgrade(settings.effective_database_url)
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level)
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level,
+                access_log=False)  # opband.http logs one JSON line per request instead
 
 
 class BackgroundServer:

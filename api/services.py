@@ -5,8 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from sqlalchemy import func, select, text
+
 from api.db import Database, check_schema
+from api.errors import Unavailable
 from api.jobs import WorkerPool
+from api.models import Comparison
 from api.settings import Settings
 from api.store import BlobStore, make_store
 
@@ -29,6 +33,24 @@ class Services:
     def upload_temp_dir(self) -> Path:
         temp = getattr(self.store, "temp_dir", None)
         return temp() if temp else self.settings.data_dir / "tmp"
+
+    def readiness(self) -> dict[str, str | int]:
+        """Check database (and its schema), blob store and job queue; raise Unavailable naming the one that failed."""
+        try:
+            with self.db.session() as s:
+                s.execute(text("SELECT 1"))
+                pending = s.scalar(select(func.count()).where(Comparison.status == "pending")) or 0
+            check_schema(self.db.engine)
+        except Exception as e:  # noqa: BLE001 - readiness reports, it does not crash
+            raise Unavailable(f"not ready: database: {type(e).__name__}: {e}") from e
+        try:
+            self.store.check()
+        except Exception as e:  # noqa: BLE001
+            raise Unavailable(f"not ready: blob store {self.settings.effective_store_url}: {type(e).__name__}: {e}") from e
+        if self.settings.runs_jobs_in_process and not self.workers.alive():
+            raise Unavailable("not ready: queue: the in-process comparison workers have stopped")
+        return {"status": "ready", "database": self.db.engine.dialect.name, "store": type(self.store).__name__,
+                "queue": self.settings.queue, "in_process_workers": self.workers.alive(), "pending_jobs": pending}
 
     def close(self) -> None:
         self.workers.stop()

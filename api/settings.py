@@ -19,6 +19,9 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+QUEUES = ("embedded", "database")
+
+
 class Settings(BaseSettings):
     """Service configuration. Defaults are the embedded setup: SQLite + a folder in ``data_dir``."""
 
@@ -28,9 +31,10 @@ class Settings(BaseSettings):
     database_url: str | None = Field(default=None, description="SQLAlchemy URL; default sqlite:///<data_dir>/opband.db")
     store_url: str | None = Field(default=None, description="blob store: a folder path, file://, or s3://bucket/prefix")
     s3_endpoint_url: str | None = Field(default=None, description="endpoint of an S3-compatible store (MinIO, moto)")
-    queue: str = Field(default="embedded", description="'embedded' (in-process workers) or 'celery' (opband worker)")
-    broker_url: str = Field(default="redis://127.0.0.1:6379/0", description="Celery broker when queue=celery")
-    workers: int = Field(default=2, ge=0, description="in-process comparison workers (queue=embedded)")
+    queue: str = Field(default="embedded", description=(
+        "'embedded': the API process runs jobs in OPBAND_WORKERS threads; 'database': only `opband worker` "
+        "processes run them (the API never does). Both claim rows of the comparisons table with a lease"))
+    workers: int = Field(default=2, ge=0, description="in-process comparison workers (queue=embedded; 0 = none)")
     job_lease_seconds: int = Field(default=600, ge=5, description="a running job not renewed in this time is retried")
     max_job_attempts: int = Field(default=3, ge=1)
     max_upload_bytes: int = Field(default=8 << 30, ge=1, description="uploads beyond this get 413")
@@ -38,6 +42,12 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8000
     log_level: str = "info"
+    log_format: str = Field(default="json", description="'json' (one object per line) or 'text'")
+
+    @property
+    def runs_jobs_in_process(self) -> bool:
+        """Whether the API process itself runs comparison jobs."""
+        return self.queue == "embedded" and self.workers > 0
 
     @model_validator(mode="after")
     def _refuse_unsafe(self) -> Settings:
@@ -46,8 +56,10 @@ class Settings(BaseSettings):
                 f"refusing to serve on {self.host} without auth: anyone on the network could write results. "
                 "Set OPBAND_AUTH=true (and create tokens with `opband token create`) or bind to 127.0.0.1"
             )
-        if self.queue not in ("embedded", "celery"):
-            raise ValueError(f"queue must be 'embedded' or 'celery', not {self.queue!r}")
+        if self.queue not in QUEUES:
+            raise ValueError(f"queue must be one of {list(QUEUES)}, not {self.queue!r}")
+        if self.log_format not in ("json", "text"):
+            raise ValueError(f"log_format must be 'json' or 'text', not {self.log_format!r}")
         return self
 
     @cached_property

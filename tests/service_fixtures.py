@@ -129,3 +129,74 @@ def wait_done(client: httpx.Client, comparison_id: str, timeout: float = 120) ->
             return c  # type: ignore[no-any-return]
         time.sleep(0.2)
     raise AssertionError(f"comparison {comparison_id} not finished after {timeout}s")
+
+
+# --- synthetic bundles, tokens and worker processes (tests/test_api_*.py) -------------------------
+
+@dataclass(frozen=True)
+class SynthOp:
+    """One captured op of a synthetic bundle; ``noise`` is added to the target's values only."""
+
+    module: str
+    op: str = "aten.mm"
+    shape: tuple[int, ...] = (64,)
+    noise: float = 0.0
+
+
+def write_bundle(path: Path, ops: list[SynthOp], *, target: bool = False, variant: str = "fp32",
+                 environment: dict | None = None, seed: int = 0) -> Path:  # type: ignore[type-arg]
+    """A real opband bundle (accuracy.bundle.BundleWriter) from random float32 values.
+
+    The reference values depend only on each op's position, so a reference and a target written
+    from the same ops line up; the target adds each op's ``noise`` (relative, Gaussian).
+    """
+    import numpy as np
+
+    from accuracy.bundle import BundleWriter
+    from accuracy.manifest import Manifest, Record
+
+    records = []
+    ordinals: dict[tuple[str, str], int] = {}
+    rng = np.random.default_rng(seed)
+    with BundleWriter(path) as w:
+        for i, o in enumerate(ops):
+            values = np.random.default_rng(1000 + i).standard_normal(o.shape).astype(np.float32)
+            if target and o.noise:
+                values = values + (o.noise * rng.standard_normal(o.shape)).astype(np.float32)
+            ordinal = ordinals.get((o.module, o.op), 0)
+            ordinals[(o.module, o.op)] = ordinal + 1
+            name = f"t{i}"
+            w.add_array(name, values)
+            records.append(Record(key=f"{o.module}/{o.op}#{ordinal}", module=o.module, op=o.op, ordinal=ordinal,
+                                  index=i, input_shapes=[list(o.shape)], input_dtypes=["float32"],
+                                  shape=list(o.shape), dtype="float32", tensor=name))
+        env = {"torch": "2.13.0", "device": "cpu", "threads": 2, **(environment or {})}
+        return w.close(Manifest(run={"variant": variant, "device": env["device"], "level": "aten", "mode": "full"},
+                                environment=env, records=records))
+
+
+def create_token(server: LiveServer, project: str, read_only: bool = False) -> str:
+    """``opband token create`` against the server's database, as an operator would run it."""
+    args = [sys.executable, "-m", "api.cli", "token", "create", "--project", project, "--data-dir", str(server.data_dir)]
+    out = subprocess.run(args + (["--read-only"] if read_only else []), capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "OPBAND_DATABASE_URL": server.database_url})
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def start_worker(data_dir: Path, database_url: str, extra_env: dict[str, str] | None = None,
+                 log_name: str = "worker") -> tuple[subprocess.Popen[bytes], Path]:
+    """An ``opband worker`` subprocess claiming jobs from ``database_url``; returns (process, log file)."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log = data_dir / f"{log_name}.log"
+    env = {**os.environ, "OPBAND_DATABASE_URL": database_url, "OPBAND_DATA_DIR": str(data_dir), **(extra_env or {})}
+    proc = subprocess.Popen([sys.executable, "-m", "api.cli", "worker", "--data-dir", str(data_dir)],
+                            env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+    return proc, log
+
+
+def upload_bytes(client: httpx.Client, project: str, body: bytes, token: str | None = None) -> httpx.Response:
+    headers = {"Content-Type": "application/octet-stream"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    return client.post(f"/api/v1/projects/{project}/bundles", content=body, headers=headers)

@@ -1,0 +1,132 @@
+"""Queries and review over live HTTP on SQLite and PostgreSQL: filters, pages, drift bands, baselines,
+accepted deviations, acknowledgements and environment diffs."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+from service_fixtures import LiveServer, SynthOp, upload_bytes, wait_done, write_bundle
+
+OPS = [
+    SynthOp(f"model.layers.{layer}.{part}", op, shape, noise=0.5 if (layer, part, op) == (2, "mlp", "aten.mm") else 0.0)
+    for layer in range(4) for part in ("attn", "mlp") for op, shape in (("aten.mm", (64,)), ("aten.add", (32,)))
+]
+
+
+def run_pair(c: httpx.Client, tmp: Path, project: str, env: dict | None = None) -> tuple[str, str, dict]:  # type: ignore[type-arg]
+    ref = upload_bytes(c, project, write_bundle(tmp / "ref.bundle", OPS).read_bytes()).json()["id"]
+    tgt = upload_bytes(c, project, write_bundle(tmp / f"tgt-{project}.bundle", OPS, target=True, variant="bf16",
+                                                environment=env).read_bytes()).json()["id"]
+    r = c.post(f"/api/v1/projects/{project}/comparisons", json={"reference": ref, "target": tgt})
+    return ref, tgt, wait_done(c, r.json()["id"])
+
+
+def ops(c: httpx.Client, cid: str, **params: object) -> dict:  # type: ignore[type-arg]
+    r = c.get(f"/api/v1/comparisons/{cid}/ops", params=params)
+    assert r.status_code == 200, r.text
+    return r.json()  # type: ignore[no-any-return]
+
+
+def test_op_result_filters_and_pages(live_server: LiveServer, tmp_path: Path) -> None:
+    with live_server.client() as c:
+        _, _, cmp = run_pair(c, tmp_path, "q")
+        cid = cmp["id"]
+        assert cmp["verdict"] == "fail" and cmp["counts"]["fail"] == 1 and cmp["counts"]["pass"] == 15
+        assert ops(c, cid)["count"] == 16
+        assert {o["op"] for o in ops(c, cid, op="aten.add")["data"]} == {"aten.add"}
+        assert ops(c, cid, op="aten.add")["count"] == 8
+        assert ops(c, cid, module="model.layers.1.*")["count"] == 4
+        assert ops(c, cid, module="*.mlp")["count"] == 8
+        assert ops(c, cid, module="model.layers.?.attn", op="aten.mm")["count"] == 4
+        assert ops(c, cid, shape="32")["count"] == 8 and ops(c, cid, shape="64")["count"] == 8
+        fail = ops(c, cid, verdict="fail", metrics=True)
+        assert fail["count"] == 1 and fail["data"][0]["key"] == "model.layers.2.mlp/aten.mm#0"
+        assert fail["data"][0]["metrics"] and fail["data"][0]["budget"]["norm_l2"] > 0
+        assert ops(c, cid, verdict="pass,fail")["count"] == 16
+        high = ops(c, cid, metric="norm_l2", min=1e-3)
+        assert high["count"] == 1 and high["data"][0]["verdict"] == "fail"
+        assert ops(c, cid, metric="norm_l2", max=1e-3)["count"] == 15
+        assert ops(c, cid, metric="norm_l2", min=0, max=1e9)["count"] == 16
+        by_key = [o["key"] for o in ops(c, cid, sort="key", order="asc", limit=100)["data"]]
+        assert by_key == sorted(by_key)
+        by_index = [o["index"] for o in ops(c, cid, sort="index", order="desc", limit=100)["data"]]
+        assert by_index == sorted(by_index, reverse=True)
+        pages = [ops(c, cid, sort="index", order="asc", limit=5, offset=o) for o in (0, 5, 10, 15)]
+        assert [len(p["data"]) for p in pages] == [5, 5, 5, 1] and all(p["count"] == 16 for p in pages)
+        assert [o["index"] for p in pages for o in p["data"]] == list(range(16))
+        assert ops(c, cid, offset=100)["data"] == []
+        for params, message in (({"sort": "nope"}, "sort must be"), ({"order": "up"}, "order must"),
+                                ({"min": 1}, "metric range needs"), ({"verdict": "great"}, "unknown verdict"),
+                                ({"limit": 0}, "limit"), ({"limit": 5000}, "limit"), ({"offset": -1}, "offset")):
+            r = c.get(f"/api/v1/comparisons/{cid}/ops", params=params)
+            assert r.status_code == 422 and message in r.json()["detail"], (params, r.text)
+        assert c.get("/api/v1/comparisons/nope/ops").status_code == 404
+
+
+def test_regressions_drift_and_review(live_server: LiveServer, tmp_path: Path) -> None:
+    with live_server.client() as c:
+        ref, tgt, cmp = run_pair(c, tmp_path, "r", env={"threads": 8, "cuda": "12.4"})
+        regs = c.get("/api/v1/projects/r/regressions").json()
+        assert regs["count"] == 1
+        reg = regs["data"][0]
+        assert (reg["key"], reg["op"], reg["shape_signature"], reg["status"]) == \
+            ("model.layers.2.mlp/aten.mm#0", "aten.mm", "64", "active")
+        assert c.get("/api/v1/projects/r/regressions", params={"op": "aten.add"}).json()["count"] == 0
+        assert c.get("/api/v1/projects/r/regressions", params={"op": "aten.mm", "shape": "64"}).json()["count"] == 1
+        assert c.get("/api/v1/projects/r/regressions", params={"shape": "32"}).json()["count"] == 0
+
+        drift = c.get("/api/v1/projects/r/drift", params={"metric": "norm_l2", "series": 3}).json()
+        assert len(drift) == 3 and drift[0]["key"] == "model.layers.2.mlp/aten.mm#0", "worst series first"
+        assert drift[0]["target"] == "bf16@cpu" and drift[0]["points"][0]["budget"] > 0, "points carry the band"
+        one = c.get("/api/v1/projects/r/drift", params={"key": "model.layers.0.attn/aten.mm#0", "metric": "cosine"}).json()
+        assert len(one) == 1 and one[0]["points"][0]["value"] > 0.99 and one[0]["points"][0]["budget"] is not None
+        assert c.get("/api/v1/projects/r/drift", params={"target": "int8@npu"}).json() == []
+        assert c.get("/api/v1/projects/r/drift", params={"metric": "bogus"}).status_code == 422
+
+        # acknowledge, then accept through a deviation
+        ack = c.patch(f"/api/v1/regressions/{reg['id']}", json={"status": "acknowledged"})
+        assert ack.status_code == 200 and ack.json()["status"] == "acknowledged"
+        assert c.patch(f"/api/v1/regressions/{reg['id']}", json={"status": "meh"}).status_code == 422
+        assert c.patch("/api/v1/regressions/999999", json={"status": "active"}).status_code == 404
+        past = (datetime.now(UTC) - timedelta(days=1)).isoformat()
+        stale = c.post("/api/v1/projects/r/deviations",
+                       json={"key_pattern": "*", "reason": "x", "author": "me", "expires_at": past})
+        assert stale.status_code == 422 and "in the past" in stale.json()["detail"]
+        soon = (datetime.now(UTC) + timedelta(days=30)).isoformat()
+        dev = c.post("/api/v1/projects/r/deviations", json={
+            "key_pattern": "model.layers.2.mlp/aten.mm#*", "shape_signature": "64",
+            "reason": "bf16 accumulation in the MLP is known and harmless", "author": "ana", "expires_at": soon})
+        assert dev.status_code == 201 and dev.json()["accepted_regressions"] == 1, dev.text
+        listed = c.get("/api/v1/projects/r/deviations").json()
+        assert listed["count"] == 1 and listed["data"][0]["author"] == "ana" and listed["data"][0]["expires_at"]
+        assert c.get("/api/v1/projects/r/regressions").json()["count"] == 0
+        assert c.get("/api/v1/projects/r/regressions", params={"status": "accepted"}).json()["data"][0]["id"] == reg["id"]
+
+        # baselines: create, promote (fail needs force), list, get, delete
+        assert c.post("/api/v1/projects/r/baselines", json={"name": "main"}).status_code == 201
+        assert c.post("/api/v1/projects/r/baselines", json={"name": "main"}).status_code == 409
+        assert c.post("/api/v1/projects/r/baselines", json={"name": "../x"}).status_code == 422
+        refused = c.post("/api/v1/projects/r/baselines/main/comparisons", json={"comparison": cmp["id"]})
+        assert refused.status_code == 409 and "force" in refused.json()["detail"]
+        promoted = c.post("/api/v1/projects/r/baselines/main/comparisons", json={"comparison": cmp["id"], "force": True})
+        assert promoted.status_code == 200 and promoted.json()["comparisons"] == [cmp["id"]]
+        again = c.post("/api/v1/projects/r/baselines/main/comparisons", json={"comparison": cmp["id"], "force": True})
+        assert again.json()["comparisons"] == [cmp["id"]], "promoting twice keeps one member"
+        assert c.post("/api/v1/projects/r/baselines/main/comparisons", json={"comparison": "nope"}).status_code == 404
+        assert c.post("/api/v1/projects/r/baselines/dev/comparisons", json={"comparison": cmp["id"]}).status_code == 404
+        assert c.get("/api/v1/projects/r/baselines").json()["data"][0]["name"] == "main"
+        assert c.get("/api/v1/projects/r/baselines/main").json()["comparisons"] == [cmp["id"]]
+        assert c.delete("/api/v1/projects/r/baselines/main").status_code == 204
+        assert c.get("/api/v1/projects/r/baselines/main").status_code == 404
+        assert c.get("/api/v1/projects/r/baselines").json()["count"] == 0
+
+        # environment diff
+        diff = c.get(f"/api/v1/bundles/{ref}/diff/{tgt}").json()
+        changed = {d["field"]: (d["a"], d["b"]) for d in diff["changed"]}
+        assert changed == {"environment.threads": (2, 8), "environment.cuda": (None, "12.4"),
+                           "run.variant": ("fp32", "bf16")}, changed
+        assert diff["same"] >= 4
+        assert c.get(f"/api/v1/bundles/{ref}/diff/{ref}").json()["changed"] == []
+        assert c.get(f"/api/v1/bundles/{ref}/diff/nope").status_code == 404

@@ -1,0 +1,89 @@
+"""Migrations on SQLite and PostgreSQL: round trips, no drift from the models, and a server that refuses a stale schema."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import inspect
+
+from api.db import SchemaOutOfDate, current_revision, downgrade, head_revision, make_engine, upgrade
+from api.models import Base
+from api.settings import Settings
+
+
+def tables(url: str) -> set[str]:
+    engine = make_engine(url)
+    try:
+        return set(inspect(engine).get_table_names()) - {"alembic_version"}
+    finally:
+        engine.dispose()
+
+
+def test_upgrade_downgrade_upgrade(database_url: str) -> None:
+    upgrade(database_url)
+    assert tables(database_url) == set(Base.metadata.tables)
+    downgrade(database_url, "0001")
+    assert "worst_severity" not in {c["name"] for c in inspect(make_engine(database_url)).get_columns("series")}
+    downgrade(database_url, "base")
+    assert tables(database_url) == set()
+    upgrade(database_url)
+    engine = make_engine(database_url)
+    assert current_revision(engine) == head_revision()
+    engine.dispose()
+
+
+def test_models_match_migrations(database_url: str) -> None:
+    """alembic autogenerate finds nothing to add: the models and the migrations describe one schema."""
+    upgrade(database_url)
+    engine = make_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            diff = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), Base.metadata)
+    finally:
+        engine.dispose()
+    assert diff == [], f"models and migrations differ; add a migration: {diff}"
+
+
+def _lifespan_error(settings: Settings) -> BaseException | None:
+    from api.app import create_app
+
+    app = create_app(settings)
+
+    async def run() -> None:
+        async with app.router.lifespan_context(app):
+            pass
+
+    try:
+        asyncio.run(run())
+    except BaseException as e:  # noqa: BLE001
+        return e
+    return None
+
+
+@pytest.mark.parametrize("revision", [None, "0001"], ids=["empty", "one-behind"])
+def test_app_refuses_out_of_date_schema(database_url: str, tmp_path: Path, revision: str | None) -> None:
+    if revision:
+        upgrade(database_url, revision)
+    err = _lifespan_error(Settings(database_url=database_url, data_dir=tmp_path, workers=0))
+    assert isinstance(err, SchemaOutOfDate), err
+    assert "opband db upgrade" in str(err) and head_revision() in str(err)
+    upgrade(database_url)
+    assert _lifespan_error(Settings(database_url=database_url, data_dir=tmp_path, workers=0)) is None
+
+
+def test_worker_and_token_refuse_out_of_date_schema(pg_url: str, tmp_path: Path) -> None:
+    """Non-embedded databases are never migrated behind the operator's back: `opband serve` says what to run."""
+    env = {"OPBAND_DATABASE_URL": pg_url, "PATH": "/usr/bin:/bin"}
+    for args in (["serve", "--port", "0"], ["worker"], ["token", "create", "--project", "p"]):
+        out = subprocess.run([sys.executable, "-m", "api.cli", *args, "--data-dir", str(tmp_path)],
+                             capture_output=True, text=True, timeout=60, env=env)
+        assert out.returncode != 0, args
+        assert "opband db upgrade" in out.stderr, (args, out.stderr[-2000:])
+        if args[0] != "serve":
+            assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
