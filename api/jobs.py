@@ -27,7 +27,9 @@ import accuracy
 from accuracy.errors import OpbandError
 from accuracy.report import op_to_dict
 from api.db import Database
-from api.models import AcceptedDeviation, Comparison, OpResultRow, Project, Regression, Series, utcnow
+from api.models import (
+    AcceptedDeviation, Baseline, BaselineMember, Comparison, OpResultRow, Project, Regression, Series, utcnow,
+)
 from api.observability import JOB_SECONDS, JOBS_FINISHED
 from api.settings import Settings
 from api.store import BlobStore
@@ -124,11 +126,13 @@ def run_job(db: Database, store: BlobStore, settings: Settings, job_id: str, nam
         job = s.get(Comparison, job_id)
         assert job is not None
         ref_key, tgt_key, mode, attempt = job.reference.storage_key, job.target.storage_key, job.mode, job.attempts
+        target = f"{job.target.variant}@{job.target.device}"
+        history = accepted_history(s, job.project_id, target, job_id)
     log.info("job started", extra={"job_id": job_id, "worker": name, "attempt": attempt, "mode": mode})
     try:
         with Heartbeat(db, settings, job_id, name), store.local_path(ref_key) as ref_path, \
                 store.local_path(tgt_key) as tgt_path:
-            report = accuracy.compare(ref_path, tgt_path, mode=mode)
+            report = accuracy.compare(ref_path, tgt_path, mode=mode, history=history, target_id=target)
             status = persist_report(db, job_id, report, name)
     except OpbandError as e:
         status = _fail(db, job_id, f"{type(e).__name__}: {e}", name)
@@ -142,6 +146,29 @@ def run_job(db: Database, store: BlobStore, settings: Settings, job_id: str, nam
     log.info("job finished", extra={"job_id": job_id, "worker": name, "status": status,
                                     "duration_ms": round(seconds * 1000, 1)})
     return status
+
+
+def accepted_history(s: Any, project_id: int, target: str, exclude: str) -> dict[str, Any] | None:
+    """Per-op results of this project's baseline comparisons for ``target`` (``opband.history/1``).
+
+    Bands are learned only from comparisons someone promoted into a baseline; with none, the
+    comparison is judged against the default budgets alone.
+    """
+    accepted = (select(BaselineMember.comparison_id).join(Baseline, Baseline.id == BaselineMember.baseline_id)
+                .where(Baseline.project_id == project_id).distinct())
+    rows = s.execute(
+        select(OpResultRow.key, OpResultRow.output, OpResultRow.op, OpResultRow.shape_signature, OpResultRow.dtype,
+               OpResultRow.metrics, OpResultRow.comparison_id)
+        .join(Series, Series.id == OpResultRow.series_id)
+        .where(OpResultRow.comparison_id.in_(accepted), OpResultRow.comparison_id != exclude,
+               Series.target == target)
+    ).all()
+    rows = [r for r in rows if isinstance(r.metrics, dict)]  # JSON null (unmatched ops) carries no metrics
+    if not rows:
+        return None
+    results = [{"key": r.key.rsplit(":", 1)[0] if r.output else r.key, "op": r.op, "shape_signature": r.shape_signature,
+                "dtype": r.dtype, "target": target, "run": r.comparison_id, "metrics": r.metrics} for r in rows]
+    return {"schema": "opband.history/1", "results": results}
 
 
 def _owned(s: Any, db: Database, job_id: str, name: str) -> Comparison | None:
