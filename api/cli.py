@@ -46,20 +46,24 @@ def capture(
     out: Annotated[Path, typer.Option("-o", "--out", help="bundle file to write")],
     device: Annotated[Optional[str], typer.Option(help="cpu, cuda, npu ... (default: best available)")] = None,
     variant: Annotated[Variant, typer.Option(help="precision/quantization of the target run")] = Variant.fp32,
-    level: Annotated[str, typer.Option(help="module (forward hooks) or aten (every ATen op)")] = "aten",
+    level: Annotated[str, typer.Option(help="module (forward hooks), api (torch functions) or aten (every ATen op)")] = "aten",
     mode: Annotated[str, typer.Option(help="full (tensors) or summary (on-device statistics only)")] = "full",
     seed: Annotated[int, typer.Option(help="torch.manual_seed before building the model")] = 0,
     modules: Annotated[Optional[list[str]], typer.Option("--module", help="module path glob to keep (repeatable)")] = None,
     ops: Annotated[Optional[list[str]], typer.Option("--op", help="op name glob to keep (repeatable)")] = None,
     max_bytes: Annotated[Optional[int], typer.Option(help="past this many tensor bytes keep summaries only")] = None,
+    inputs: Annotated[bool, typer.Option("--inputs", help="also record op inputs (needed to --replay this bundle)")] = False,
+    replay: Annotated[Optional[Path], typer.Option(help="re-run each op of this reference bundle (captured with --inputs) alone")] = None,
+    golden: Annotated[bool, typer.Option("--golden", help="with --replay: recompute each op in float64 on cpu")] = False,
 ) -> None:
-    """Run the SPEC's model once under capture and write a bundle."""
+    """Run the SPEC's model once under capture and write a bundle (or --replay a reference's ops)."""
     from hooks.runner import run_capture
     from hooks.spec import SpecError
 
     try:
         path = run_capture(spec, out, device=device, variant=variant.value, level=level, mode=mode, seed=seed,
-                           modules=modules, ops=ops, max_bytes=max_bytes)
+                           modules=modules, ops=ops, max_bytes=max_bytes, replay=replay, golden=golden,
+                           **({"inputs": True} if inputs else {}))
     except (SpecError, ValueError) as e:
         _fail(str(e))
     from accuracy.bundle import Bundle

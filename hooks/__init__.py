@@ -1,6 +1,7 @@
 """Capture: the only package that touches a live model. ``from hooks import capture``."""
 
-from hooks.capture import CaptureOptions, capture
+from hooks.capture import LEVELS, MODES, CaptureOptions, capture
+from hooks.replay import replay
 from hooks.runner import run_capture
 
-__all__ = ["CaptureOptions", "capture", "run_capture"]
+__all__ = ["LEVELS", "MODES", "CaptureOptions", "capture", "replay", "run_capture"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
+from functools import cache
 from typing import Any
 
 import torch
@@ -12,6 +13,7 @@ import torch
 from hooks import devices
 
 
+@cache
 def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -23,6 +25,7 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+@cache
 def _git(*args: str) -> str | None:
     try:
         out = subprocess.run(["git", *args], capture_output=True, text=True, timeout=5, check=False)

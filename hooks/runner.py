@@ -23,10 +23,20 @@ def run_capture(
     level: str = "aten",
     mode: str = "full",
     seed: int = 0,
+    replay: str | os.PathLike[str] | None = None,
+    golden: bool = False,
     **options: Any,
 ) -> Path:
-    """Capture one forward pass of the SPEC's model and return the bundle path."""
+    """Capture one forward pass of the SPEC's model and return the bundle path.
+
+    With ``replay=REF_BUNDLE`` the model is not run: each ATen op of REF (captured with
+    ``inputs=True``) is re-run alone on ``device``/``variant`` (``golden``: float64 on CPU).
+    """
     device = device or ("cpu" if variant == "int8" else devices.default_device())
+    if replay is not None:
+        from hooks.replay import replay as replay_ops
+
+        return replay_ops(replay, spec, out, device=device, variant=variant, golden=golden, mode=mode)
     torch.manual_seed(seed)
     model, inputs = load_spec(spec)
     model, inputs, notes = apply_variant(model.eval(), inputs, variant, device)

@@ -1,7 +1,15 @@
-"""What capture stores for one tensor: its payload bytes, its dtype name, its on-device statistics."""
+"""What capture stores for one tensor: its payload bytes, its dtype name, its statistics.
+
+One small class per kind of value decides how it is stored (``encoder_for``): floating and
+integer tensors as they are, BF16/FP8 as raw words, quantized tensors dequantized with their
+qparams, complex tensors as ``view_as_real``; anything else is skipped with a reason.
+"""
 
 from __future__ import annotations
 
+import math
+
+import weakref
 from typing import Any
 
 import torch
@@ -17,6 +25,8 @@ NO_NUMBER_OPS = frozenset({
     "aten.item", "aten.new_empty", "aten.new_empty_strided", "aten.set_", "aten.resize_", "aten.narrow",
     "aten.movedim", "aten.diagonal", "aten.unfold", "aten.real", "aten.imag", "aten.view_as_real",
     "aten.view_as_complex", "aten._has_compatible_shallow_copy_type", "aten.lift_fresh_copy",
+    "aten._conj", "aten._neg_view", "aten.conj", "aten.resolve_conj", "aten.resolve_neg",
+    "aten.empty_permuted", "aten._reshape_copy",
 })
 
 _TAGS = {
@@ -25,8 +35,16 @@ _TAGS = {
     torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
 }
 _RAW_VIEW = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8, torch.float8_e5m2: torch.uint8}
+_COMPLEX = {torch.complex64: torch.float32, torch.complex128: torch.float64}
 SAMPLE_SIZE = 16
-_STAT_FIELDS = ("numel", "min", "max", "mean", "std", "l2", "absmax", "nan", "inf", "zeros")
+STAT_FIELDS = ("numel", "min", "max", "mean", "std", "l2", "absmax", "nan", "inf", "zeros")
+
+
+def version_of(t: torch.Tensor) -> int | None:
+    """The tensor's version counter, or None when it has none (inference tensors): no matching."""
+    if t.is_inference():
+        return None
+    return t._version
 
 
 def tensor_dtype_name(t: torch.Tensor) -> str:
@@ -35,99 +53,200 @@ def tensor_dtype_name(t: torch.Tensor) -> str:
 
 
 def unsupported_reason(t: torch.Tensor) -> str | None:
-    """Why ``t`` cannot be captured (sparse, nested, meta, complex …), or None when it can."""
-    if t.is_sparse or t.layout not in (torch.strided,):
-        return f"layout {t.layout} is not captured"
+    """Why ``t`` cannot be captured (sparse, nested, meta, subclass …), or None when it can."""
     if getattr(t, "is_nested", False):
         return "nested tensors are not captured"
+    if t.layout != torch.strided:
+        return f"layout {t.layout} is not captured"
     if t.device.type == "meta":
         return "meta tensors have no values"
-    if t.is_complex():
-        return "complex tensors are not captured yet"
-    if not t.is_quantized and t.dtype not in _TAGS:
-        return f"dtype {t.dtype} has no bundle encoding"
-    return None
+    if type(t) not in (torch.Tensor, torch.nn.Parameter) and not isinstance(t, torch.nn.parameter.Buffer):
+        return f"tensor subclass {type(t).__name__} is not captured"
+    if torch._C._functorch.is_functorch_wrapped_tensor(t):
+        return "functorch-wrapped tensors (vmap/grad transforms) are not captured"
+    if t.is_quantized or t.dtype in _TAGS or t.dtype in _COMPLEX:
+        return None
+    return f"dtype {t.dtype} has no bundle encoding"
 
 
-def stored_payload(t: torch.Tensor) -> tuple[torch.Tensor, str, dict[str, Any] | None]:
-    """(tensor whose bytes are stored, safetensors tag, quantization params or None)."""
+class Payload:
+    """What is stored for one captured tensor: the bytes' tensor, its tag, dtype, shape, extras."""
+
+    __slots__ = ("tensor", "tag", "dtype", "shape", "extra", "values")
+
+    def __init__(self, tensor: torch.Tensor, tag: str, dtype: str, extra: dict[str, Any] | None,
+                 values: torch.Tensor) -> None:
+        self.tensor = tensor  # whose bytes go to the bundle (same shape as ``shape``)
+        self.tag = tag
+        self.dtype = dtype  # the record's dtype name
+        self.shape = list(tensor.shape)
+        self.extra = extra  # qparams / complex layout, stored under Record.qparams
+        self.values = values  # numeric values the statistics are taken over
+
+
+def stored_payload(t: torch.Tensor) -> Payload:
+    """Encode ``t`` (already checked by :func:`unsupported_reason`) for the bundle."""
     t = t.detach()
     if t.is_quantized:
         qparams: dict[str, Any] = {"qscheme": str(t.qscheme()).removeprefix("torch."), "dtype": tensor_dtype_name(t)}
         if t.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric):
             qparams.update(scale=float(t.q_scale()), zero_point=int(t.q_zero_point()))
         else:
-            qparams.update(axis=int(t.q_per_channel_axis()))
-        return t.dequantize(), "F32", qparams
+            qparams.update(axis=int(t.q_per_channel_axis()),
+                           scales=t.q_per_channel_scales().tolist(), zero_points=t.q_per_channel_zero_points().tolist())
+        deq = t.dequantize()
+        return Payload(deq, "F32", tensor_dtype_name(t), qparams, deq)
+    real = _COMPLEX.get(t.dtype)
+    if real is not None:
+        as_real = torch.view_as_real(t.resolve_conj().resolve_neg())
+        extra = {"complex": tensor_dtype_name(t), "layout": "view_as_real"}
+        return Payload(as_real, _TAGS[real], tensor_dtype_name(as_real), extra, as_real)
     raw = _RAW_VIEW.get(t.dtype)
     if raw is not None:
-        return t.contiguous().view(raw), _TAGS[t.dtype], None
-    return t, _TAGS[t.dtype], None
-
-
-def values_of(t: torch.Tensor) -> torch.Tensor:
-    """The numeric values of a captured tensor (dequantized), on its device."""
-    t = t.detach()
-    return t.dequantize() if t.is_quantized else t
+        return Payload(t.contiguous().view(raw), _TAGS[t.dtype], tensor_dtype_name(t), None, t)
+    return Payload(t, _TAGS[t.dtype], tensor_dtype_name(t), None, t)
 
 
 class StatsBatch:
-    """Per-tensor statistics kept on the device and moved to the host once, at the end."""
+    """Per-tensor statistics. CPU rows are host lists; accelerator rows stay on the device until
+    :meth:`to_host`, which moves all of them in one transfer per device (no sync per op).
 
-    def __init__(self) -> None:
-        self._rows: list[torch.Tensor] = []
+    A tensor whose bytes were summarised already reuses that row: the same tensor at the same
+    version, a contiguous view of it, or (when ``epochs`` are tracked, i.e. a dispatch mode sees
+    every write) any contiguous alias of the same memory with no in-place op since, such as a
+    module output that is ``_unsafe_view`` of the last ``mm``.
+    """
 
-    def add(self, payload: torch.Tensor, original: torch.Tensor) -> int | None:
-        values = values_of(original)
+    def __init__(self, epochs: bool = False) -> None:
+        self._rows: list[torch.Tensor | list[float]] = []
+        self._seen: dict[Any, tuple[weakref.ref[torch.Tensor], tuple[Any, ...], int]] = {}
+        self.epochs = epochs
+        self.epoch = 0  # bumped by the dispatch mode on every op that writes in place
+
+    def add(self, values: torch.Tensor, original: torch.Tensor | None = None) -> int | None:
+        """Summarise ``values`` (the numbers of ``original``, the live tensor); returns its slot.
+
+        ``original=None`` disables matching (the tensor was just written in place)."""
         if values.numel() == 0:
             return None
-        self._rows.append(device_stats(values))
-        return len(self._rows) - 1
+        key = self._key(values, original) if original is not None else None
+        if key is not None:
+            prior = self._seen.get(key[0])
+            if prior is not None and prior[0]() is not None and prior[1] == key[2]:
+                return prior[2]
+        row = host_stats(values) if values.device.type == "cpu" else device_stats(values)
+        self._rows.append(row)
+        slot = len(self._rows) - 1
+        if key is not None:
+            self._seen[key[0]] = (weakref.ref(key[1]), key[2], slot)
+        return slot
+
+    def _key(self, values: torch.Tensor, original: torch.Tensor) -> tuple[Any, torch.Tensor, tuple[Any, ...]] | None:
+        """(lookup key, tensor to hold weakly, state that must match) or None when unmatchable."""
+        t = values if original.dtype != values.dtype else original
+        if not t.is_contiguous():
+            return None
+        if self.epochs:
+            where = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), t.numel(), t.dtype)
+            return where, t, (self.epoch,)
+        version = version_of(t)
+        if version is None:
+            return None
+        base = t._base if t._base is not None else t
+        return id(base), base, (t.storage_offset(), t.numel(), t.dtype, version)
 
     def to_host(self) -> list[dict[str, Any]]:
-        if not self._rows:
-            return []
+        """One statistics dict per slot, in slot order."""
+        host: list[list[float] | None] = [r if isinstance(r, list) else None for r in self._rows]
         by_device: dict[torch.device, list[int]] = {}
         for i, row in enumerate(self._rows):
-            by_device.setdefault(row.device, []).append(i)
-        host: list[torch.Tensor | None] = [None] * len(self._rows)
+            if isinstance(row, torch.Tensor):
+                by_device.setdefault(row.device, []).append(i)
         for idxs in by_device.values():
-            stacked = torch.stack([self._rows[i] for i in idxs]).to("cpu", torch.float64)
-            for i, row in zip(idxs, stacked, strict=True):
+            stacked = torch.stack([self._rows[i] for i in idxs]).to("cpu", torch.float64)  # type: ignore[misc]
+            for i, row in zip(idxs, stacked.tolist(), strict=True):
                 host[i] = row
-        out = []
-        for row in host:
-            assert row is not None
-            vals = row.tolist()
-            d: dict[str, Any] = dict(zip(_STAT_FIELDS, vals[: len(_STAT_FIELDS)], strict=True))
-            for k in ("numel", "nan", "inf", "zeros"):
-                d[k] = int(d[k])
-            d["sample"] = vals[len(_STAT_FIELDS):][: min(SAMPLE_SIZE, d["numel"])]
-            out.append(d)
-        return out
+        return [_row_dict(row) for row in host if row is not None]
+
+
+def _row_dict(vals: list[float]) -> dict[str, Any]:
+    d: dict[str, Any] = dict(zip(STAT_FIELDS, vals[: len(STAT_FIELDS)], strict=True))
+    for k in ("numel", "nan", "inf", "zeros"):
+        d[k] = int(d[k])
+    d["sample"] = vals[len(STAT_FIELDS):][: min(SAMPLE_SIZE, d["numel"])]
+    return d
+
+
+_SAMPLE_INDEX: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+
+def _sample_index(n: int, device: torch.device) -> torch.Tensor:
+    """``SAMPLE_SIZE`` evenly spaced flat indices (cached: shapes repeat across layers)."""
+    idx = _SAMPLE_INDEX.get((n, device))
+    if idx is None:
+        if len(_SAMPLE_INDEX) > 4096:
+            _SAMPLE_INDEX.clear()
+        idx = _SAMPLE_INDEX[(n, device)] = torch.linspace(0, n - 1, min(SAMPLE_SIZE, n), device=device).round().long()
+    return idx
+
+
+def host_stats(values: torch.Tensor) -> list[float]:
+    """Statistics of a CPU tensor as a host list: ``aminmax``, ``sum``, ``dot`` and (when 0 lies in
+    [min, max]) ``count_nonzero`` — four cheap passes when every value is finite.
+
+    Falls back to :func:`device_stats` (finite-only semantics, NaN/Inf counts) when ``aminmax``
+    shows a non-finite value, and to a centred second pass for the variance when the mean is
+    so large against the spread that ``E[x^2] - E[x]^2`` would cancel. CPU values are already on
+    the host, so these branches cost no device sync.
+    """
+    x = values.reshape(-1)
+    if x.dtype not in (torch.float32, torch.float64):
+        x = x.to(torch.float64 if not x.is_floating_point() else torch.float32)
+    n = x.numel()
+    lo, hi = torch.aminmax(x)
+    lo_f, hi_f, s_f, ss_f = torch.stack([lo, hi, x.sum(), torch.dot(x, x)]).tolist()  # one read-back
+    if not (abs(lo_f) < math.inf and abs(hi_f) < math.inf):
+        return device_stats(values).tolist()
+    mean = s_f / n
+    var = max(ss_f / n - mean * mean, 0.0)
+    if var <= _CANCEL[x.dtype] * mean * mean:  # cancellation: measure the spread directly
+        var = float(torch.dot(d := x - mean, d)) / n
+    zeros = n - _count_nonzero(x) if lo_f <= 0.0 <= hi_f else 0
+    sample = x.index_select(0, _sample_index(n, x.device)).tolist()
+    return [float(n), lo_f, hi_f, mean, math.sqrt(var), math.sqrt(ss_f), max(-lo_f, hi_f), 0.0, 0.0, float(zeros),
+            *sample, *([0.0] * (SAMPLE_SIZE - len(sample)))]
+
+
+def _count_nonzero(x: torch.Tensor) -> int:
+    """Nonzero elements (+0.0 and -0.0 are both zero; NaN is nonzero), without a temporary."""
+    return int(torch.count_nonzero(x))
+
+
+#: ``var <= k * mean^2`` means the one-pass variance has lost most of its digits (k ~ 1e4 ulp).
+_CANCEL = {torch.float32: 1e4 * 2.0**-23, torch.float64: 1e4 * 2.0**-52}
 
 
 def device_stats(values: torch.Tensor) -> torch.Tensor:
-    """One float row on the device: numel, min, max, mean, std, l2, absmax, nan, inf, zeros, sample."""
-    acc = torch.float64 if values.device.type == "cpu" else torch.float32
+    """One float row on the device, without host syncs: numel, min, max, mean, std, l2, absmax,
+    nan, inf, zeros (over finite values; NaN/Inf counted), then a padded sample."""
     x = values.reshape(-1)
-    x = x.to(acc) if x.dtype != torch.bool else x.to(acc)
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    x = x.to(acc)
     n = x.numel()
     finite = torch.isfinite(x)
-    xf = torch.where(finite, x, torch.zeros((), dtype=acc, device=x.device))
+    xf = torch.where(finite, x, 0.0)
     count = finite.sum().to(acc)
-    lo = torch.where(finite, x, torch.full((), float("inf"), dtype=acc, device=x.device)).min()
-    hi = torch.where(finite, x, torch.full((), float("-inf"), dtype=acc, device=x.device)).max()
+    lo = torch.where(finite, x, float("inf")).min()
+    hi = torch.where(finite, x, float("-inf")).max()
     mean = xf.sum() / count.clamp_min(1)
     var = ((xf - mean) * finite).pow(2).sum() / count.clamp_min(1)
-    l2 = xf.pow(2).sum().sqrt()
-    absmax = xf.abs().max()
+    l2 = torch.linalg.vector_norm(xf)
+    absmax = torch.maximum(-lo, hi)
     nan = torch.isnan(x).sum().to(acc)
-    inf = torch.isinf(x).sum().to(acc)
+    inf = (~finite).sum().to(acc) - nan
     zeros = (x == 0).sum().to(acc)
-    idx = torch.linspace(0, n - 1, min(SAMPLE_SIZE, n), device=x.device).round().long()
-    sample = x.index_select(0, idx)
+    sample = x.index_select(0, _sample_index(n, x.device))
     if sample.numel() < SAMPLE_SIZE:  # rows are stacked later: pad, the numel field says how many are real
         sample = torch.cat([sample, torch.zeros(SAMPLE_SIZE - sample.numel(), dtype=acc, device=x.device)])
-    head = torch.stack([torch.tensor(float(n), dtype=acc, device=x.device), lo, hi, mean, var.sqrt(), l2, absmax, nan, inf, zeros])
-    return torch.cat([head, sample])
+    numel = torch.full((), float(n), dtype=acc, device=x.device)
+    return torch.cat([torch.stack([numel, lo, hi, mean, var.sqrt(), l2, absmax, nan, inf, zeros]), sample])

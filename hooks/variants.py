@@ -1,6 +1,7 @@
 """Target variants: the same model code run in another precision or with real INT8 kernels.
 
-Module paths stay those of the fp32 model (quantized Linear replaces Linear at the same path).
+Module paths stay those of the fp32 model (a quantized or FP8 Linear replaces Linear at the same
+path). FP8 is emulated (quantize-dequantize around an fp32 matmul), which the run notes say.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from typing import Any
 import torch
 from torch import nn
 
-VARIANTS = ("fp32", "fp16", "bf16", "int8")
+from hooks import fp8
+
+VARIANTS = ("fp32", "fp16", "bf16", "int8", "fp8-e4m3", "fp8-e5m2")
 _CASTS = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -43,6 +46,12 @@ def apply_variant(model: nn.Module, inputs: Any, variant: str, device: str) -> t
         notes.update(quantization="dynamic int8 (torch.ao quantize_dynamic of nn.Linear)",
                      quantized_engine=torch.backends.quantized.engine)
         return model, _cast_inputs(inputs, None, "cpu"), notes
+    if variant in fp8.FP8_DTYPES:
+        model = fp8.convert(model.to(device), fp8.FP8_DTYPES[variant])
+        notes.update(quantization=f"emulated {variant}: nn.Linear weights and inputs quantized to "
+                     f"{fp8.FP8_DTYPES[variant]} with per-tensor amax scales, dequantized, fp32 matmul "
+                     "(no FP8 kernels)", emulated=True)
+        return model, _cast_inputs(inputs, None, device), notes
     dtype = _CASTS.get(variant)
     model = model.to(device=device, dtype=dtype) if dtype else model.to(device)
     return model, _cast_inputs(inputs, dtype, device), notes

@@ -1,0 +1,233 @@
+"""The three ways capture sees a model: module hooks, a TorchFunctionMode (``api``) and a
+TorchDispatchMode (``aten``). Each hands what it sees to the :class:`~hooks.recorder.Recorder`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode, resolve_name
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from hooks.opcall import NotReplayable, encode_call, op_target
+from hooks.recorder import Recorder
+from hooks.tensors import NO_NUMBER_OPS
+
+_NO_NUMBER_API = frozenset(op.removeprefix("aten.") for op in NO_NUMBER_OPS) | {
+    "__getitem__", "__get__", "size", "dim", "numel", "stride", "data_ptr", "storage_offset", "is_contiguous",
+    "element_size", "tolist", "__len__", "__iter__", "__format__", "__repr__", "__bool__", "__index__", "__hash__",
+}
+
+
+def in_backward() -> bool:
+    """True while the autograd engine runs a backward pass on this thread."""
+    return torch._C._current_graph_task_id() != -1
+
+
+class AtenMode(TorchDispatchMode):
+    """Records every ATen op that moves numbers, tagged with the innermost module path."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        super().__init__()
+        self.recorder = recorder
+        self._names: dict[Any, tuple[str, bool]] = {}
+        self._mutates: dict[Any, bool] = {}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        rec = self.recorder
+        try:
+            plan = self._plan(func, args, kwargs)
+        except Exception as e:  # noqa: BLE001 - capture must never break the user's run
+            rec.diagnose(None, e)
+            plan = None
+        out = func(*args, **kwargs)
+        if plan is not None:
+            rec.record("aten", *plan[:4], out, *plan[4:])
+        return out
+
+    def _plan(self, func: Any, args: tuple, kwargs: dict) -> tuple[Any, ...] | None:
+        """What to record for this call (module, op, key, ordinal, inputs …), or None to let it pass."""
+        rec = self.recorder
+        mutates = self._mutable(func)
+        if mutates:
+            rec.stats.epoch += 1  # earlier statistics no longer describe memory this op writes
+        if rec.busy or not rec.active:
+            return None
+        name, skip = self._names.get(func) or self._classify(func)
+        if skip:
+            rec.skipped[name] += 1
+            return None
+        if in_backward():
+            rec.skipped[f"(backward) {name}"] += 1
+            return None
+        module = rec.module
+        key, ordinal = rec.next_key(module, name)
+        rec.ops_seen += 1
+        if not rec.wants(module, name):
+            return None
+        in_tensors = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+        input_names = self._inputs(func, key, args, kwargs) if rec.opts.inputs else None
+        return module, name, key, ordinal, in_tensors, input_names, mutates
+
+    def _mutable(self, func: Any) -> bool:
+        m = self._mutates.get(func)
+        if m is None:
+            m = self._mutates[func] = bool(func._schema.is_mutable)
+        return m
+
+    def _classify(self, func: Any) -> tuple[str, bool]:
+        name = str(func.overloadpacket)
+        skip = self.recorder.opts.skip_no_number_ops and (name in NO_NUMBER_OPS or bool(getattr(func, "is_view", False)))
+        self._names[func] = (name, skip)
+        return name, skip
+
+    def _inputs(self, func: Any, key: str, args: tuple, kwargs: dict) -> list[str | None] | None:
+        """Snapshot the inputs and note the call so replay can run it again."""
+        rec = self.recorder
+        try:
+            call, tensors = encode_call(args, kwargs)
+            if torch.Tag.nondeterministic_seeded in func.tags:
+                raise NotReplayable("the op draws random numbers")
+            if any(t.is_quantized or t.is_complex() for t in tensors):
+                raise NotReplayable("quantized and complex inputs are stored as float values only")
+        except NotReplayable as e:
+            rec.diagnose(key, f"not replayable: {e}")
+            return None
+        except Exception as e:  # noqa: BLE001
+            rec.diagnose(key, e)
+            return None
+        names = rec.snapshot_inputs(key, tensors)
+        rec.calls[key] = {"target": op_target(func), **call}
+        return names
+
+
+class ApiMode(TorchFunctionMode):
+    """Records each top-level ``torch.*`` / ``Tensor.*`` / ``F.*`` call (not the ops inside it)."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        super().__init__()
+        self.recorder = recorder
+        self._names: dict[Any, tuple[str, bool]] = {}
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        rec = self.recorder
+        if rec.busy or not rec.active or in_backward():
+            return out
+        name, skip = self._names.get(func) or self._classify(func)
+        if skip:
+            rec.skipped[name] += 1
+            return out
+        leaves = [out] if isinstance(out, torch.Tensor) else tree_leaves(out)
+        if not any(isinstance(t, torch.Tensor) for t in leaves):
+            return out
+        module = rec.module
+        key, ordinal = rec.next_key(module, name)
+        rec.ops_seen += 1
+        if rec.wants(module, name):
+            in_tensors = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+            rec.busy = True
+            try:
+                rec.record("api", module, name, key, ordinal, out, in_tensors)
+            finally:
+                rec.busy = False
+        return out
+
+    def _classify(self, func: Any) -> tuple[str, bool]:
+        try:
+            name = resolve_name(func) or getattr(func, "__qualname__", repr(func))
+        except Exception:  # noqa: BLE001
+            name = repr(func)
+        short = name.rsplit(".", 1)[-1]
+        skip = self.recorder.opts.skip_no_number_ops and (short in _NO_NUMBER_API or name.endswith("__get__"))
+        self._names[func] = (name, skip)
+        return name, skip
+
+
+class ModuleHooks:
+    """Global forward (and, with ``backward=True``, gradient) hooks that keep the module stack
+    and record each module's outputs as ``path/forward#N`` (and ``path/backward#N``)."""
+
+    def __init__(self, model: torch.nn.Module, recorder: Recorder) -> None:
+        self.rec = recorder
+        self.names = {id(m): n for n, m in model.named_modules()}
+        self.handles: list[Any] = []
+        self.model = model
+
+    def install(self) -> None:
+        mm = torch.nn.modules.module
+        self.handles = [mm.register_module_forward_pre_hook(self._pre), mm.register_module_forward_hook(self._post)]
+        if self.rec.opts.backward:
+            for pname, p in self.model.named_parameters():
+                if p.requires_grad:
+                    self.handles.append(p.register_post_accumulate_grad_hook(self._param_hook(pname)))
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+    def _pre(self, module: torch.nn.Module, args: Any) -> None:
+        name = self.names.get(id(module))
+        if name is not None:
+            self.rec.stack.append(name)
+
+    def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        name = self.names.get(id(module))
+        if name is None:
+            return
+        rec = self.rec
+        stack = rec.stack
+        while stack:  # pop back to this module, even if an inner forward raised earlier
+            if stack.pop() == name:
+                break
+        if not rec.active:
+            return
+        rec.busy = True
+        try:
+            key, ordinal = rec.next_key(name, "forward")
+            rec.ops_seen += 1
+            if rec.wants(name, "forward"):
+                in_tensors = [a for a in tree_leaves(args) if isinstance(a, torch.Tensor)]
+                rec.record("module", name, "forward", key, ordinal, output, in_tensors)
+            if rec.opts.backward and torch.is_grad_enabled():
+                self._watch_grads(name, output)
+        except Exception as e:  # noqa: BLE001
+            rec.diagnose(f"{name}/forward", e)
+        finally:
+            rec.busy = False
+
+    def _watch_grads(self, name: str, output: Any) -> None:
+        for t in tree_leaves(output):
+            if isinstance(t, torch.Tensor) and t.requires_grad:
+                t.register_hook(self._grad_hook(name))
+
+    def _grad_hook(self, name: str) -> Any:
+        def hook(grad: torch.Tensor) -> None:
+            self._record_grad(name, "backward", grad)
+
+        return hook
+
+    def _param_hook(self, pname: str) -> Any:
+        module, _, leaf = pname.rpartition(".")
+
+        def hook(p: torch.Tensor) -> None:
+            if p.grad is not None:
+                self._record_grad(module, f"grad.{leaf}", p.grad)
+
+        return hook
+
+    def _record_grad(self, module: str, op: str, grad: torch.Tensor) -> None:
+        rec = self.rec
+        if rec.closed or not rec.active:
+            return
+        rec.busy = True
+        try:
+            key, ordinal = rec.next_key(module, op)
+            if rec.wants(module, op):
+                rec.record("grad", module, op, key, ordinal, grad, [grad])
+        finally:
+            rec.busy = False

@@ -1,0 +1,98 @@
+"""JSON-safe record of one ATen call (op + non-tensor arguments), so replay can call it again.
+
+Tensors become ``{"$t": i}`` placeholders (``i`` indexes ``Record.input_tensors``); dtypes,
+devices, layouts, memory formats and non-finite floats get small tagged objects. A call with any
+other argument (a generator, a tensor subclass, an opaque object) is not replayable and says why.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+
+class NotReplayable(ValueError):
+    """The call has an argument that cannot be written as JSON."""
+
+
+_ENUMS: dict[str, dict[str, Any]] = {
+    "$dtype": {str(d).removeprefix("torch."): d for d in vars(torch).values() if isinstance(d, torch.dtype)},
+    "$layout": {str(v).removeprefix("torch."): v for v in vars(torch).values() if isinstance(v, torch.layout)},
+    "$memory_format": {str(v).removeprefix("torch."): v for v in vars(torch).values()
+                       if isinstance(v, torch.memory_format)},
+}
+
+
+def op_target(func: Any) -> str:
+    """``aten.add.Tensor``: namespace, op and overload of an OpOverload."""
+    ns, _, name = func._schema.name.partition("::")
+    return f"{ns}.{name}.{func._overloadname}"
+
+
+def resolve_target(target: str) -> Any:
+    """The ``torch.ops`` OpOverload named by :func:`op_target`."""
+    ns, name, overload = target.split(".", 2)
+    return getattr(getattr(getattr(torch.ops, ns), name), overload)
+
+
+def encode_call(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[dict[str, Any], list[torch.Tensor]]:
+    """``({"args": [...], "kwargs": {...}}, tensors)``; raises :class:`NotReplayable`."""
+    tensors: list[torch.Tensor] = []
+    enc_args = [_encode(a, tensors) for a in args]
+    enc_kwargs = {k: _encode(v, tensors) for k, v in kwargs.items()}
+    return {"args": enc_args, "kwargs": enc_kwargs}, tensors
+
+
+def decode_call(call: dict[str, Any], tensors: Sequence[torch.Tensor],
+                device: str | None = None) -> tuple[list[Any], dict[str, Any]]:
+    """Inverse of :func:`encode_call` with the loaded input tensors; ``device`` replaces recorded devices."""
+    args = [_decode(a, tensors, device) for a in call["args"]]
+    kwargs = {k: _decode(v, tensors, device) for k, v in call["kwargs"].items()}
+    return args, kwargs
+
+
+def _encode(v: Any, tensors: list[torch.Tensor]) -> Any:
+    if isinstance(v, torch.Tensor):
+        tensors.append(v)
+        return {"$t": len(tensors) - 1}
+    if v is None or isinstance(v, (bool, str)):
+        return v
+    if isinstance(v, int):
+        return int(v)
+    if isinstance(v, float):
+        return v if math.isfinite(v) else {"$f": repr(v)}
+    if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        raise NotReplayable("symbolic sizes are not replayable")
+    if isinstance(v, complex):
+        return {"$c": [_encode(v.real, tensors), _encode(v.imag, tensors)]}
+    if isinstance(v, (list, tuple)):
+        return [_encode(x, tensors) for x in v]
+    if isinstance(v, torch.dtype):
+        return {"$dtype": str(v).removeprefix("torch.")}
+    if isinstance(v, torch.device):
+        return {"$device": v.type}  # replay runs on its own device
+    if isinstance(v, torch.layout):
+        return {"$layout": str(v).removeprefix("torch.")}
+    if isinstance(v, torch.memory_format):
+        return {"$memory_format": str(v).removeprefix("torch.")}
+    raise NotReplayable(f"argument of type {type(v).__name__} cannot be recorded")
+
+
+def _decode(v: Any, tensors: Sequence[torch.Tensor], device: str | None = None) -> Any:
+    if isinstance(v, list):
+        return [_decode(x, tensors, device) for x in v]
+    if not isinstance(v, dict):
+        return v
+    (tag, val), = v.items()
+    if tag == "$t":
+        return tensors[val]
+    if tag == "$f":
+        return float(val)
+    if tag == "$c":
+        return complex(_decode(val[0], tensors), _decode(val[1], tensors))
+    if tag == "$device":
+        return torch.device(device or val)
+    return _ENUMS[tag][val]

@@ -1,0 +1,225 @@
+"""The state of one capture: records, ordinals, the module stack, the tensor buffer and the writer.
+
+Everything here is called from hooks inside the user's forward pass, so every public method
+turns its own failures into diagnostics instead of raising.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import sys
+import time
+import weakref
+from collections import Counter
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from accuracy.bundle import BundleWriter
+from accuracy.manifest import Diagnostic, Manifest, Record, Stats
+from hooks import devices
+from hooks.tensors import StatsBatch, stored_payload, tensor_dtype_name, unsupported_reason, version_of
+
+if TYPE_CHECKING:
+    from hooks.capture import CaptureOptions
+
+
+def _shape(a: Any) -> list[int] | None:
+    """The shape of a tensor input, or None (non-tensors, nested tensors have no single shape)."""
+    if not isinstance(a, torch.Tensor):
+        return None
+    try:
+        return list(a.shape)
+    except RuntimeError:
+        return None
+
+
+class Recorder:
+    """Shared state of one capture run."""
+
+    def __init__(self, path: Path, opts: CaptureOptions) -> None:
+        self.opts = opts
+        self.writer = BundleWriter(path)
+        self.records: list[Record] = []
+        self.stats = StatsBatch(epochs=opts.level == "aten")
+        self.stats_of: list[int | None] = []
+        self.pending: list[tuple[str, torch.Tensor, str]] = []
+        self.pending_bytes = 0
+        self.tensor_bytes = 0
+        self.ops_seen = 0
+        self.ordinals: Counter[tuple[str, str]] = Counter()
+        self.stack: list[str] = []
+        self.skipped: Counter[str] = Counter()
+        self.diagnostics: list[Diagnostic] = []
+        self.calls: dict[str, dict[str, Any]] = {}
+        self.stored: dict[int, tuple[weakref.ref[torch.Tensor], int, str]] = {}
+        self.step = 0
+        self.active = opts.steps is None or 0 in opts.steps
+        self.closed = False
+        self.busy = False  # True while the recorder itself runs torch ops under the dispatch mode
+        self.started = time.monotonic()
+        self.last_progress = self.started
+        self.show_progress = sys.stderr.isatty() if opts.progress is None else opts.progress
+        self._module_globs = list(opts.modules or [])
+        self._op_globs = list(opts.ops or [])
+
+    # -- keys and filters -------------------------------------------------------------------
+    @property
+    def module(self) -> str:
+        return self.stack[-1] if self.stack else ""
+
+    def next_key(self, module: str, op: str) -> tuple[str, int]:
+        """``module/op#ordinal``; ordinals count every call, filtered or not, so keys are stable."""
+        k = (module, op)
+        ordinal = self.ordinals[k]
+        self.ordinals[k] = ordinal + 1
+        return f"{module}/{op}#{ordinal}", ordinal
+
+    def wants(self, module: str, op: str) -> bool:
+        if self._module_globs and not any(fnmatch.fnmatchcase(module, g) for g in self._module_globs):
+            return False
+        if self._op_globs and not any(fnmatch.fnmatchcase(op, g) for g in self._op_globs):
+            return False
+        return True
+
+    def set_step(self, step: int) -> None:
+        self.step = step
+        self.active = self.opts.steps is None or step in self.opts.steps
+
+    def diagnose(self, key: str | None, e: BaseException | str) -> None:
+        msg = e if isinstance(e, str) else f"{type(e).__name__}: {e}"
+        self.diagnostics.append(Diagnostic(key=key, message=msg))
+
+    # -- recording --------------------------------------------------------------------------
+    def snapshot_inputs(self, key: str, tensors: Sequence[torch.Tensor]) -> list[str | None]:
+        """Store each input tensor now (before an in-place op can change it); names or None."""
+        names: list[str | None] = []
+        for i, t in enumerate(tensors):
+            name = None
+            try:
+                if unsupported_reason(t) is None:
+                    name = self._store(f"{key}.in{i}", t, stored_payload(t))
+            except Exception as e:  # noqa: BLE001 - capture must never break the user's run
+                self.diagnose(key, e)
+            names.append(name)
+        return names
+
+    def record(self, kind: str, module: str, op: str, key: str, ordinal: int, outputs: Any,
+               in_tensors: Sequence[Any] = (), input_names: list[str | None] | None = None,
+               mutated: bool = False) -> None:
+        """Record every tensor in ``outputs`` under ``key``. Never raises.
+
+        ``mutated``: the op wrote into its outputs in place (``add_``, ``out=``). Inside a dispatch
+        mode the version counter is bumped only after the op returns, so such outputs must not be
+        matched against copies or statistics taken earlier.
+        """
+        try:
+            shapes = [_shape(a) for a in in_tensors]
+            dtypes = [tensor_dtype_name(a) if isinstance(a, torch.Tensor) else None for a in in_tensors]
+            flat = outputs if isinstance(outputs, torch.Tensor) else torch.utils._pytree.tree_leaves(outputs)
+            tensors = [flat] if isinstance(flat, torch.Tensor) else [t for t in flat if isinstance(t, torch.Tensor)]
+        except Exception as e:  # noqa: BLE001
+            self.diagnose(key, e)
+            return
+        for out_i, t in enumerate(tensors):
+            try:
+                self._record_one(kind, module, op, ordinal, key, out_i, t, shapes, dtypes, input_names, mutated)
+            except Exception as e:  # noqa: BLE001 - one odd output must not lose the others
+                self.diagnose(key if out_i == 0 else f"{key}:{out_i}", e)
+        self._progress()
+
+    def _record_one(self, kind: str, module: str, op: str, ordinal: int, key: str, out_i: int, t: torch.Tensor,
+                    shapes: list[Any], dtypes: list[Any], input_names: list[str | None] | None,
+                    mutated: bool = False) -> None:
+        rec_id = key if out_i == 0 else f"{key}:{out_i}"
+        reason = unsupported_reason(t)
+        if reason:
+            self.diagnose(rec_id, f"skipped: {reason}")
+            return
+        payload = stored_payload(t)
+        slot = self.stats.add(payload.values, None if mutated else t)
+        name = self._store(rec_id, t, payload, reuse=not mutated) if self.opts.mode == "full" else None
+        self.records.append(Record.model_construct(
+            key=key, output=out_i, module=module, op=op, ordinal=ordinal, kind=kind, index=len(self.records),
+            input_shapes=shapes, input_dtypes=dtypes, shape=payload.shape, dtype=payload.dtype, tensor=name,
+            input_tensors=input_names, stats=None, qparams=payload.extra, step=self.step,
+        ))
+        self.stats_of.append(slot)
+
+    def _store(self, rec_id: str, t: torch.Tensor, payload: Any, reuse: bool = True) -> str | None:
+        """Queue a host copy of the payload; reuse an identical tensor stored earlier."""
+        version = version_of(t)
+        prior = self.stored.get(id(t)) if reuse and version is not None else None
+        if prior is not None and prior[0]() is t and prior[1] == version:
+            return prior[2]
+        data = payload.tensor
+        nbytes = data.numel() * data.element_size()
+        if self.opts.max_bytes is not None and self.tensor_bytes + nbytes > self.opts.max_bytes:
+            self.skipped["(over byte budget)"] += 1
+            return None
+        self.tensor_bytes += nbytes
+        if self.write_through(data):  # the file write is the copy: no clone, no buffer
+            host = data.contiguous()
+            self.writer.add(rec_id, payload.tag, tuple(host.shape), host.reshape(-1).numpy().data)
+        else:
+            self.pending.append((rec_id, devices.copy_to_host(data), payload.tag))
+            self.pending_bytes += nbytes
+        if version is not None:
+            self.stored[id(t)] = (weakref.ref(t), version, rec_id)
+        if self.pending_bytes >= self.opts.buffer_bytes:
+            self.flush()
+        return rec_id
+
+    @staticmethod
+    def write_through(data: torch.Tensor) -> bool:
+        """CPU tensors are written at once; accelerator tensors go through the pinned buffer."""
+        return data.device.type == "cpu"
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        devices.synchronize_copies([h for _, h, _ in self.pending])
+        for name, host, tag in self.pending:
+            self.writer.add(name, tag, tuple(host.shape), host.reshape(-1).numpy().data)
+        self.pending.clear()
+        self.pending_bytes = 0
+
+    # -- progress and finish ----------------------------------------------------------------
+    def _progress(self, final: bool = False) -> None:
+        if not self.show_progress:
+            return
+        now = time.monotonic()
+        if final or now - self.last_progress > 0.5:
+            self.last_progress = now
+            mb = (self.writer.bytes_written + self.pending_bytes) / 1e6
+            print(f"opband capture: {self.ops_seen:,} ops seen, {len(self.records):,} records, "
+                  f"{mb:,.1f} MB written, {now - self.started:.1f}s",
+                  file=sys.stderr, end="\n" if final else "\r", flush=True)
+
+    def finish(self, run: dict[str, Any], env: dict[str, Any]) -> Path:
+        self.closed = True
+        self.flush()
+        summaries = self.stats.to_host()
+        for rec, slot in zip(self.records, self.stats_of, strict=True):
+            if slot is not None:
+                rec.stats = Stats.model_construct(**summaries[slot])
+        if self.calls:
+            run = {**run, "calls": self.calls}
+        manifest = Manifest(
+            created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+            run=run,
+            environment=env,
+            records=self.records,
+            skipped_ops=dict(sorted(self.skipped.items())),
+            diagnostics=self.diagnostics,
+        )
+        path = self.writer.close(manifest)
+        self._progress(final=True)
+        return path
+
+    def abort(self) -> None:
+        self.closed = True
+        self.writer.abort()

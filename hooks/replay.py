@@ -1,0 +1,101 @@
+"""Replay: re-run each ATen op of a reference bundle alone, on the reference's recorded inputs.
+
+The reference must be captured with ``inputs=True`` (level ``aten``): each replayable record
+then has ``input_tensors`` and an entry in ``run["calls"]`` (the ``torch.ops`` target and its
+non-tensor arguments). Replay writes a new bundle whose records have the same keys, so
+``accuracy.compare(reference, replayed, mode="replay")`` measures each op's own error, with no
+error carried in from earlier ops. ``golden=True`` recomputes every op in float64 on the CPU into
+a separate bundle with the same keys: ``compare(reference, replayed, mode="golden", golden=it)``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from accuracy.bundle import Bundle
+from accuracy.manifest import Record
+from hooks.capture import CaptureOptions
+from hooks.environment import environment
+from hooks.opcall import decode_call, resolve_target
+from hooks.recorder import Recorder
+from hooks.variants import _CASTS
+
+#: Tags stored as raw integer words, and the dtype those words are.
+_RAW_DTYPES = {"BF16": torch.bfloat16, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
+
+
+def replay(
+    reference: str | os.PathLike[str],
+    spec: str | None,
+    out: str | os.PathLike[str],
+    *,
+    device: str = "cpu",
+    variant: str = "fp32",
+    golden: bool = False,
+    mode: str = "full",
+) -> Path:
+    """Re-run every replayable op of ``reference`` and write the outputs to ``out``.
+
+    ``variant`` casts floating inputs to fp16/bf16 (fp32 keeps the reference dtypes); int8 and
+    fp8 change which ops a model runs, so they cannot be replayed op by op: capture them instead.
+    ``spec`` is only noted in the run metadata (the ops need no model). Ops that cannot be
+    replayed (no call recorded, an input over the byte budget, a failure) become diagnostics.
+    """
+    if variant not in ("fp32", *_CASTS):
+        raise ValueError(f"replay supports fp32, fp16 and bf16, not {variant!r}: int8/fp8 replace whole modules, "
+                         "so capture the variant with `opband capture --variant` instead")
+    ref = Bundle.open(reference)
+    calls: dict[str, dict[str, Any]] = ref.manifest.run.get("calls", {})
+    if not calls:
+        raise ValueError(f"{reference} records no ATen calls: capture the reference with inputs=True (level aten)")
+    target_device = "cpu" if golden else device
+    cast = torch.float64 if golden else _CASTS.get(variant)
+    run = {"replay_of": str(reference), "spec": spec, "device": target_device,
+           "variant": "fp64-golden" if golden else variant, "golden": golden,
+           "reference_run": {k: v for k, v in ref.manifest.run.items() if k != "calls"}}
+    rec = Recorder(Path(out), CaptureOptions(level="aten", mode=mode, progress=False))
+    for record in ref.records:
+        if record.output != 0 or record.kind != "aten":
+            continue
+        call = calls.get(record.key)
+        if call is None:
+            rec.diagnose(record.key, "not replayed: the reference recorded no call for this op")
+            continue
+        _replay_one(rec, ref, record, call, target_device, cast)
+    return rec.finish({**run, "level": "aten", "mode": mode}, environment(target_device))
+
+
+def _replay_one(rec: Recorder, ref: Bundle, record: Record, call: dict[str, Any], device: str,
+                cast: torch.dtype | None) -> None:
+    names = record.input_tensors or []
+    if any(n is None for n in names):
+        rec.diagnose(record.key, "not replayed: an input was not stored (byte budget or unsupported tensor)")
+        return
+    try:
+        tensors = [_load(ref, n, device, cast) for n in names]
+        args, kwargs = decode_call(call, tensors, device)
+        out = resolve_target(call["target"])(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - one op failing must not stop the others
+        rec.diagnose(record.key, f"replay failed: {type(e).__name__}: {e}")
+        return
+    rec.ops_seen += 1
+    rec.step = record.step
+    rec.record("aten", record.module, record.op, record.key, record.ordinal, out, tensors)
+
+
+def _load(ref: Bundle, name: str, device: str, cast: torch.dtype | None) -> torch.Tensor:
+    """The stored input as a torch tensor in its recorded dtype, then cast for the target."""
+    tag = ref.tensors[name].dtype
+    raw = np.array(ref.raw(name))  # copy out of the memory map: ops may write into their inputs
+    t = torch.from_numpy(raw)
+    if tag in _RAW_DTYPES:
+        t = t.view(_RAW_DTYPES[tag])
+    t = t.to(device)
+    if cast is not None and t.is_floating_point():
+        t = t.to(cast)
+    return t

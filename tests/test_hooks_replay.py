@@ -1,0 +1,132 @@
+"""Replay and golden: each op of a reference re-run alone on its recorded inputs, same keys."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from accuracy.bundle import Bundle
+from hooks import capture, demo_model
+from hooks.opcall import NotReplayable, decode_call, encode_call, op_target, resolve_target
+from hooks.replay import replay
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    model, (ids,) = demo_model.build()
+    path = tmp_path_factory.mktemp("replay") / "ref.bundle"
+    with torch.no_grad(), capture(model, path, inputs=True, progress=False):
+        model(ids)
+    return path
+
+
+def _aten_ids(b: Bundle) -> set[str]:
+    return {r.id for r in b.records if r.kind == "aten"}
+
+
+def test_fp32_replay_reproduces_reference_bitwise(reference: Path, tmp_path: Path) -> None:
+    ref = Bundle.open(reference)
+    rep = Bundle.open(replay(reference, None, tmp_path / "rep.bundle"))
+    assert _aten_ids(rep) == {k for k in _aten_ids(ref) if k.split(":")[0] in ref.manifest.run["calls"]}
+    assert len(_aten_ids(rep)) > 150
+    for r in rep.records:
+        np.testing.assert_array_equal(rep.values(r.tensor), ref.values(ref.record(r.id).tensor), err_msg=r.id)
+    assert rep.manifest.run["replay_of"] == str(reference) and not rep.manifest.diagnostics
+
+
+def test_bf16_replay_casts_inputs(reference: Path, tmp_path: Path) -> None:
+    ref = Bundle.open(reference)
+    rep = Bundle.open(replay(reference, "hooks.demo_model:build", tmp_path / "bf16.bundle", variant="bf16"))
+    mm = next(r for r in rep.records if r.op == "aten.mm")
+    assert mm.dtype == "bfloat16" and mm.input_dtypes == ["bfloat16", "bfloat16"]
+    got, want = rep.values(mm.tensor), ref.values(ref.record(mm.id).tensor)
+    assert not np.array_equal(got, want)
+    np.testing.assert_allclose(got, want, rtol=0.05, atol=0.05 * np.abs(want).max())
+    assert rep.manifest.run["variant"] == "bf16" and rep.manifest.run["spec"] == "hooks.demo_model:build"
+
+
+def test_golden_is_float64_on_cpu(reference: Path, tmp_path: Path) -> None:
+    ref = Bundle.open(reference)
+    gold = Bundle.open(replay(reference, None, tmp_path / "gold.bundle", device="cuda", golden=True))
+    assert gold.manifest.run["golden"] is True and gold.manifest.run["device"] == "cpu"
+    assert _aten_ids(gold) == _aten_ids(Bundle.open(replay(reference, None, tmp_path / "r.bundle")))
+    mm = next(r for r in gold.records if r.op == "aten.mm")
+    assert mm.dtype == "float64"
+    np.testing.assert_allclose(gold.values(mm.tensor), ref.values(ref.record(mm.id).tensor), rtol=1e-4, atol=1e-4)
+    # fp64 golden is closer to an exact float64 product than the fp32 reference is
+    a, w = (ref.values(n).astype(np.float64) for n in ref.record(mm.id).input_tensors)
+    exact = a @ w
+    assert np.abs(gold.values(mm.tensor) - exact).max() < np.abs(ref.values(ref.record(mm.id).tensor) - exact).max()
+
+
+def test_replay_refuses_bundles_without_calls_and_quantized_variants(tmp_path: Path) -> None:
+    model, (ids,) = demo_model.build()
+    with torch.no_grad(), capture(model, tmp_path / "plain.bundle", progress=False):
+        model(ids)
+    with pytest.raises(ValueError, match="inputs=True"):
+        replay(tmp_path / "plain.bundle", None, tmp_path / "x.bundle")
+    with pytest.raises(ValueError, match="int8"):
+        replay(tmp_path / "plain.bundle", None, tmp_path / "x.bundle", variant="int8")
+
+
+def test_unreplayable_ops_become_diagnostics(tmp_path: Path) -> None:
+    class Noisy(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.dropout(x * 2, p=0.5, training=True) + 1
+
+    with torch.no_grad(), capture(Noisy(), tmp_path / "n.bundle", inputs=True, max_bytes=None, progress=False) as cap:
+        Noisy()(torch.ones(8))
+    ref = Bundle.open(cap.bundle_path)
+    assert any("not replayable: the op draws random numbers" in d.message for d in ref.manifest.diagnostics)
+    rep = Bundle.open(replay(cap.bundle_path, None, tmp_path / "nr.bundle"))
+    assert any("no call" in d.message for d in rep.manifest.diagnostics)
+    assert "/aten.mul#0" in {r.id for r in rep.records}
+
+
+def test_budget_skipped_inputs_are_diagnosed(tmp_path: Path) -> None:
+    model, (ids,) = demo_model.build()
+    with torch.no_grad(), capture(model, tmp_path / "small.bundle", inputs=True, max_bytes=50_000, progress=False):
+        model(ids)
+    rep = Bundle.open(replay(tmp_path / "small.bundle", None, tmp_path / "sr.bundle"))
+    assert any("input was not stored" in d.message for d in rep.manifest.diagnostics)
+
+
+def test_call_encoding_round_trip() -> None:
+    x = torch.randn(2, 3)
+    args, kwargs = (x, [1, -1], 2.5, float("inf"), None, True), {"dtype": torch.bfloat16,
+                                                                  "memory_format": torch.contiguous_format,
+                                                                  "device": torch.device("cpu"), "layout": torch.strided}
+    call, tensors = encode_call(args, kwargs)
+    assert tensors == [x] and call["args"][3] == {"$f": "inf"}
+    import json
+
+    back_args, back_kwargs = decode_call(json.loads(json.dumps(call)), tensors)
+    assert back_args[0] is x and back_args[1:4] == [[1, -1], 2.5, float("inf")] and back_args[5] is True
+    assert back_kwargs == kwargs
+    with pytest.raises(NotReplayable):
+        encode_call((torch.Generator(),), {})
+    assert op_target(torch.ops.aten.add.Tensor) == "aten.add.Tensor"
+    assert resolve_target("aten.add.Tensor") is torch.ops.aten.add.Tensor
+
+
+def test_run_capture_replay_entry_point(reference: Path, tmp_path: Path) -> None:
+    from hooks import run_capture
+
+    out = run_capture("hooks.demo_model:build", tmp_path / "rc.bundle", device="cpu", replay=reference)
+    b = Bundle.open(out)
+    assert b.manifest.run["replay_of"] == str(reference) and b.records
+
+
+def test_replay_and_golden_feed_the_comparison(reference: Path, tmp_path: Path) -> None:
+    import accuracy
+
+    target = replay(reference, None, tmp_path / "t.bundle", variant="bf16")
+    gold = replay(reference, None, tmp_path / "g.bundle", golden=True)
+    rep = accuracy.compare(reference, target, mode="golden", golden=gold)
+    assert rep.golden is not None and rep.golden["records"] > 150
+    assert not [u for u in rep.unmatched if u.record.kind == "aten"]  # module records are not replayed
+    assert {o.verdict for o in rep.ops if o.kind == "aten"} <= {"pass", "warn", "fail"}
+    assert sum(o.kind == "aten" for o in rep.ops) > 150
