@@ -28,7 +28,7 @@ def run_demo(data_dir: Path, *, port: int = 0, keep_serving: bool = False, targe
     echo(f"[1/4] capturing the demo decoder: reference fp32 on {ref_device}, targets {', '.join(targets)} on cpu")
     ref = run_capture(SPEC, bundles / f"reference-fp32-{ref_device}.bundle", device=ref_device, variant="fp32")
     target_paths = {v: run_capture(SPEC, bundles / f"target-{v}-cpu.bundle", device="cpu", variant=v) for v in targets}
-    settings = Settings(data_dir=data_dir, port=port or free_port())
+    settings = Settings(data_dir=data_dir, port=port or free_port(), log_level="warning")  # the tables are the output
     with BackgroundServer(settings) as server:
         echo(f"[2/4] server up at {server.url} (SQLite + blobs in {data_dir})")
         client = Client(server.url)

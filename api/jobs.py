@@ -65,6 +65,7 @@ def claim_next(db: Database, settings: Settings, name: str) -> str | None:
         job = s.scalar(q)
         if job is None:
             return None
+        was_running, previous_worker = job.status == "running", job.worker  # read before the UPDATE syncs `job`
         same = (Comparison.id == job.id, Comparison.status == job.status, Comparison.attempts == job.attempts)
         if job.attempts >= settings.max_job_attempts:
             s.execute(update(Comparison).where(*same).values(
@@ -78,9 +79,9 @@ def claim_next(db: Database, settings: Settings, name: str) -> str | None:
             lease_until=now + timedelta(seconds=settings.job_lease_seconds)))
         if claimed.rowcount != 1:  # type: ignore[attr-defined]
             return None
-        if job.status == "running":
+        if was_running:
             log.warning("retrying a job whose lease expired",
-                        extra={"job_id": job.id, "previous_worker": job.worker, "worker": name})
+                        extra={"job_id": job.id, "previous_worker": previous_worker, "worker": name})
         return job.id
 
 
