@@ -20,7 +20,7 @@ from accuracy.align import Pair, Unmatched, align, same_elements
 from accuracy.bands import BandCheck, BandConfig, History, bands_for, benjamini_hochberg
 from accuracy.budgets import Budget, BudgetPolicy, effective_dtype, reduction_length
 from accuracy.bundle import Bundle
-from accuracy.errors import BundleError
+from accuracy.errors import BundleError, OpbandError
 from accuracy.divergence import dataflow, mark_first_divergence
 from accuracy.manifest import Record, shape_signature
 from accuracy.metrics import Metrics, compare_arrays, compare_discrete, compare_stats, is_float_dtype
@@ -148,6 +148,12 @@ def compare(
     cfg = band_config or BandConfig()
     tname = target_id or target_name(tgt)
     pairs, unmatched = align(ref.records, tgt.records)
+    if not pairs:
+        raise OpbandError(
+            f"nothing to compare: the reference holds {len(ref.records)} records and the target "
+            f"{len(tgt.records)}, and none of them align. Capture both runs from the same model code "
+            "(same SPEC) and check the manifests' diagnostics and module/op filters"
+        )
     judge_ctx = _Context(ref, tgt, gold if mode == "golden" else None, policy, mode, tgt.manifest.variant, hist, cfg, tname)
     results: list[OpResult] = []
     for i, pair in enumerate(pairs):

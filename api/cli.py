@@ -209,9 +209,9 @@ def demo(
     serve: Annotated[bool, typer.Option("--serve", help="keep the server and dashboard up afterwards")] = False,
     data_dir: DataDir = Path(".opband/demo"),
     port: Annotated[int, typer.Option(help="0 picks a free port")] = 0,
-    targets: Annotated[str, typer.Option(help="comma-separated target variants")] = "bf16,int8",
+    targets: Annotated[str, typer.Option(help="comma-separated targets: variants, and fp32-bug (an injected kernel bug)")] = "bf16,int8,fp32-bug",
 ) -> None:
-    """Capture a small Llama-style decoder (fp32 reference, bf16 and int8 targets), upload, compare, show."""
+    """Capture a small Llama-style decoder (fp32 reference; bf16, int8 and a buggy fp32 target), upload, compare, show."""
     from api.demo import run_demo
 
     raise typer.Exit(run_demo(data_dir, port=port, keep_serving=serve, targets=targets.split(","), echo=typer.echo))

@@ -12,6 +12,8 @@ from api.server import BackgroundServer, free_port
 from api.settings import Settings
 
 SPEC = "hooks.demo_model:build"
+BUG_SPEC = "hooks.demo_faults:build_fast_sigmoid_bug"
+BUG_TARGET = "fp32-bug"  # fp32 on cpu, with a fast-sigmoid SiLU in layer 2: what a broken kernel looks like
 PROJECT = "demo"
 
 
@@ -21,13 +23,17 @@ def run_demo(data_dir: Path, *, port: int = 0, keep_serving: bool = False, targe
     from hooks import devices
     from hooks.runner import run_capture
 
-    targets = targets or ["bf16", "int8"]
+    targets = targets or ["bf16", "int8", BUG_TARGET]
     started = time.monotonic()
     bundles = data_dir / "bundles"
     ref_device = devices.default_device()
     echo(f"[1/4] capturing the demo decoder: reference fp32 on {ref_device}, targets {', '.join(targets)} on cpu")
     ref = run_capture(SPEC, bundles / f"reference-fp32-{ref_device}.bundle", device=ref_device, variant="fp32")
-    target_paths = {v: run_capture(SPEC, bundles / f"target-{v}-cpu.bundle", device="cpu", variant=v) for v in targets}
+    target_paths = {
+        v: run_capture(BUG_SPEC if v == BUG_TARGET else SPEC, bundles / f"target-{v}-cpu.bundle", device="cpu",
+                       variant="fp32" if v == BUG_TARGET else v)
+        for v in targets
+    }
     settings = Settings(data_dir=data_dir, port=port or free_port(), log_level="warning")  # the tables are the output
     with BackgroundServer(settings) as server:
         echo(f"[2/4] server up at {server.url} (SQLite + blobs in {data_dir})")
@@ -42,9 +48,13 @@ def run_demo(data_dir: Path, *, port: int = 0, keep_serving: bool = False, targe
                 echo(f"FAILED | comparison of {variant} could not run: {c['error']}")
                 return 2
             ops = client.ops(c["id"], limit=10, sort="severity", order="desc")["data"]
-            echo(f"\n[4/4] {variant} vs fp32 — worst ops")
+            title = "fp32 with a fast-sigmoid SiLU bug in layer 2" if variant == BUG_TARGET else variant
+            echo(f"\n[4/4] {title} vs fp32 — worst ops")
             echo(gate_table(c, ops, limit=10))
             worst_code = max(worst_code, 1 if c["verdict"] == "fail" else 0)
+        regressions = client.regressions(PROJECT)
+        echo(f"\nregressions flagged: {regressions['count']}"
+             + "".join(f"\n  {r['key']} (input shapes {r['shape_signature']}): {r['reason']}" for r in regressions["data"]))
         echo(f"\ndashboard: {server.url}/?project={PROJECT}   (demo took {time.monotonic() - started:.1f}s)")
         if keep_serving:
             echo("serving until Ctrl-C ...")
