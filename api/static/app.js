@@ -78,7 +78,8 @@ async function loadDrift() {
   const logY = metric !== "cosine" && metric !== "snr_db";
   await Plotly.react("drift", traces, {
     margin: { t: 10, r: 10, l: 60, b: 40 }, legend: { orientation: "h", y: -0.2, font: { size: 11 } },
-    yaxis: { title: { text: metric }, type: logY ? "log" : "linear", exponentformat: "e" },
+    yaxis: logY ? { title: { text: metric }, type: "log", tickformat: ".3~g" }
+               : { title: { text: metric }, type: "linear" },
     xaxis: { title: { text: "comparison time" } },
   }, { displaylogo: false, responsive: true });
   window.opbandDriftPoints = traces.reduce((n, t) => n + t.y.filter((v) => v !== null).length, 0);
