@@ -1,8 +1,9 @@
 """The opband bundle: one safetensors file whose ``__metadata__`` carries the JSON manifest.
 
 A bundle is a valid safetensors file, so any safetensors tool can open it. The writer streams
-tensor bytes to a side file while the run proceeds and assembles the final file on close, so
-memory never holds more than one tensor. The reader validates the header strictly (see
+tensor bytes into the final file (behind a reserved, space-padded header region) while the run
+proceeds and writes the header on close, so memory never holds more than one tensor (or a few
+MiB of small ones) and the data is written once. The reader validates the header strictly (see
 ``docs/bundle-format.md``) and memory-maps tensors; it never unpickles anything.
 """
 
@@ -10,8 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import struct
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,20 +69,39 @@ class TensorInfo:
         return self.end - self.begin
 
 
+#: Bundles whose tensor data stays below this size are assembled in memory and written once,
+#: with the minimal header padding; larger ones stream to disk after a reserved header region.
+SPILL_BYTES = 8 << 20
+#: Smallest header region reserved once data streams to disk (the padding costs at most this).
+MIN_HEADER_RESERVE = 64 << 10
+#: Header-size allowance per tensor for the manifest record that will name it (bytes).
+RECORD_ALLOWANCE = 1024
+_BLOCK = 4096  # the data region starts block-aligned, so it can be shifted without a copy
+
+
 class BundleWriter:
     """Streams tensors into a bundle; call :meth:`close` with the manifest to finish.
 
-    Tensor bytes go to ``<path>.data.partial`` as they arrive; ``close`` writes the header and
-    appends the data with a kernel-side copy, then renames into place, so a crashed run never
-    leaves a file that looks complete.
+    Everything goes to ``<path>.partial``, renamed into place by ``close``, so a crashed run never
+    leaves a file that looks complete. Small bundles (under ``SPILL_BYTES`` of tensor data) are
+    assembled in memory and written in one go. Past that, tensor bytes stream into the file
+    behind a reserved header region (sized from the tensors seen so far, see
+    :func:`_reserve_for`); ``close`` writes the header into the reservation, padded with spaces,
+    so the data is written exactly once. A header that outgrows its reservation makes room by
+    shifting the data in place (``fallocate(FALLOC_FL_INSERT_RANGE)`` on Linux ext4/XFS) or, where
+    that is unavailable, by one copy into a fresh file.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], spill_bytes: int | None = None) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._data_path = self.path.with_name(self.path.name + ".data.partial")
-        self._data: BinaryIO | None = open(self._data_path, "wb")  # noqa: SIM115
+        self._partial = self.path.with_name(self.path.name + ".partial")
+        self._file: BinaryIO | None = open(self._partial, "w+b")  # noqa: SIM115
+        self._spill = SPILL_BYTES if spill_bytes is None else spill_bytes
+        self._buffer: list[bytes] | None = []  # None once data streams to the file
+        self._data_start = 0  # file offset of the data buffer once streaming (8 + reservation)
         self._tensors: dict[str, TensorInfo] = {}
+        self._entry_bytes = 0  # running estimate of the tensor entries' share of the header
         self._offset = 0
 
     @property
@@ -90,7 +110,7 @@ class BundleWriter:
 
     def add(self, name: str, dtype: str, shape: tuple[int, ...], data: bytes | memoryview) -> None:
         """Append one tensor's raw little-endian bytes under ``name``."""
-        if self._data is None:
+        if self._file is None:
             raise BundleError("bundle writer is closed")
         if name in self._tensors:
             raise BundleError(f"duplicate tensor name {name!r}")
@@ -101,21 +121,33 @@ class BundleWriter:
         view = memoryview(b"") if view.nbytes == 0 else view.cast("B") if view.format != "B" or view.ndim != 1 else view
         if view.nbytes != size:
             raise BundleError(f"tensor {name!r}: {view.nbytes} bytes given, shape needs {size}")
-        self._data.write(view)
         self._tensors[name] = TensorInfo(name, dtype, tuple(shape), self._offset, self._offset + size)
+        self._entry_bytes += len(name) + 24 * len(shape) + 96
         self._offset += size
+        if self._buffer is not None and self._offset < self._spill:
+            self._buffer.append(bytes(view))  # a copy: the caller may reuse its buffer
+            return
+        if self._buffer is not None:
+            self._start_streaming()
+        self._file.write(view)
 
     def add_array(self, name: str, array: np.ndarray, dtype: str | None = None) -> None:
         """Append a numpy array; ``dtype`` overrides the tag (for raw BF16/F8 payloads)."""
         tag = dtype or numpy_tag(array.dtype)
         self.add(name, tag, tuple(array.shape), np.ascontiguousarray(array).reshape(-1).view(np.uint8).data)
 
+    def _start_streaming(self) -> None:
+        assert self._file is not None and self._buffer is not None
+        self._data_start = 8 + _reserve_for(self._entry_bytes + RECORD_ALLOWANCE * len(self._tensors))
+        self._file.seek(self._data_start)
+        for piece in self._buffer:
+            self._file.write(piece)
+        self._buffer = None
+
     def close(self, manifest: Manifest) -> Path:
         """Write header + data to ``path`` atomically and return it."""
-        if self._data is None:
+        if self._file is None:
             raise BundleError("bundle writer is closed")
-        self._data.close()
-        self._data = None
         header: dict[str, Any] = {
             "__metadata__": {
                 _META_FORMAT: FORMAT_NAME,
@@ -130,47 +162,120 @@ class BundleWriter:
             }
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-len(raw) % 8)  # align the data buffer to 8 bytes, as safetensors does
-        partial = self.path.with_name(self.path.name + ".partial")
-        with open(partial, "wb") as out, open(self._data_path, "rb") as data:
-            out.write(struct.pack("<Q", len(raw)))
-            out.write(raw)
-            out.flush()
-            _copy_file(data, out)
-        os.replace(partial, self.path)
-        self._data_path.unlink(missing_ok=True)
+        out, self._file = self._file, None
+        try:
+            if self._buffer is not None:  # small bundle: one sequential write
+                out.write(struct.pack("<Q", len(raw)))
+                out.write(raw)
+                out.writelines(self._buffer)
+                self._buffer = None
+            else:
+                out = self._finish_streamed(out, raw)
+            out.close()
+        except BaseException:
+            out.close()
+            self._partial.unlink(missing_ok=True)
+            raise
+        os.replace(self._partial, self.path)
         return self.path
+
+    def _finish_streamed(self, out: BinaryIO, raw: bytes) -> BinaryIO:
+        """Put the header in front of the streamed data; returns the file that holds the bundle."""
+        out.flush()
+        reserved = self._data_start - 8
+        if len(raw) > reserved:
+            grow = (len(raw) - reserved + _BLOCK - 1) // _BLOCK * _BLOCK  # whole blocks: stays aligned
+            if self._offset == 0 or not _insert_range(out.fileno(), self._data_start, grow):
+                out = _relocate(out, self._partial, self._data_start, self._offset, reserved + grow)
+            reserved += grow
+        out.seek(0)
+        out.write(struct.pack("<Q", reserved))
+        out.write(raw + b" " * (reserved - len(raw)))
+        return out
 
     def abort(self) -> None:
         """Drop everything written so far."""
-        if self._data is not None:
-            self._data.close()
-            self._data = None
-        self._data_path.unlink(missing_ok=True)
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        self._buffer = None
+        self._partial.unlink(missing_ok=True)
 
     def __enter__(self) -> BundleWriter:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._data is not None:
+        if self._file is not None:
             self.abort()
 
 
-def _copy_file(src: BinaryIO, dst: BinaryIO) -> None:
-    """Append all of ``src`` to ``dst``, in the kernel where the platform allows."""
-    total = os.fstat(src.fileno()).st_size
+def _reserve_for(estimate: int) -> int:
+    """Header reservation for an estimated header size: the 8-byte length and the header take
+    twice the estimate (at least ``MIN_HEADER_RESERVE``), rounded up so that the data buffer (at
+    ``8 + reservation``) starts on a block boundary."""
+    want = max(2 * estimate + 8, MIN_HEADER_RESERVE, 1)
+    return (want + _BLOCK - 1) // _BLOCK * _BLOCK - 8
+
+
+_FALLOC_FL_INSERT_RANGE = 0x20
+
+
+def _insert_range(fd: int, offset: int, length: int) -> bool:
+    """Shift the bytes from ``offset`` on by ``length`` (block multiples) without copying them;
+    False where the platform or file system cannot (then the caller copies)."""
+    if not sys.platform.startswith("linux"):
+        return False
     try:
-        done = 0
-        while done < total:
-            n = os.copy_file_range(src.fileno(), dst.fileno(), total - done)
+        import ctypes
+        import ctypes.util
+
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        fallocate = libc.fallocate
+        fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+        fallocate.restype = ctypes.c_int
+        return fallocate(fd, _FALLOC_FL_INSERT_RANGE, offset, length) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _relocate(src: BinaryIO, path: Path, data_start: int, size: int, reserved: int) -> BinaryIO:
+    """Copy ``size`` data bytes at ``data_start`` into a fresh file behind a ``reserved``-byte
+    header region (in the kernel where the platform allows); the new file replaces ``path``."""
+    tmp = path.with_name(path.name + ".grow")
+    dst = open(tmp, "w+b")  # noqa: SIM115
+    try:
+        dst.seek(8 + reserved)
+        _copy_range(src, dst, data_start, size)
+    except BaseException:
+        dst.close()
+        tmp.unlink(missing_ok=True)
+        raise
+    src.close()
+    os.replace(tmp, path)
+    return dst
+
+
+def _copy_range(src: BinaryIO, dst: BinaryIO, start: int, size: int) -> None:
+    """Copy ``size`` bytes of ``src`` from ``start`` to ``dst`` at its current position."""
+    dst.flush()
+    at = dst.tell()
+    done = 0
+    try:
+        while done < size:
+            n = os.copy_file_range(src.fileno(), dst.fileno(), size - done, start + done, at + done)
             if n == 0:
                 break
             done += n
-        if done == total:
-            return
-        src.seek(done)
     except (AttributeError, OSError):
-        src.seek(0)
-    shutil.copyfileobj(src, dst, 16 << 20)
+        pass
+    src.seek(start + done)
+    dst.seek(at + done)
+    while done < size:
+        piece = src.read(min(size - done, 16 << 20))
+        if not piece:
+            raise BundleError("bundle data ended early while moving it")
+        dst.write(piece)
+        done += len(piece)
 
 
 def numpy_tag(dtype: np.dtype) -> str:

@@ -5,10 +5,14 @@ cache); every sum is carried across chunks in float64. Two kernels share the acc
 
 - ``_fast_chunk``: both chunks float32 (BF16/F16/F8 decode to float32 exactly) and every value
   finite. Element work is done in float32 into reused buffers; per-chunk sums are BLAS dot
-  products with float32 accumulation over at most 32 Ki elements (relative error ~1e-6, far below
-  the 3 digits the reports show) and are summed across chunks in float64. Cosine is derived from
-  ``d = t - r`` (``1 - cos = (|d|^2 - (|r| - |t|)^2) / (2 |r| |t|)``), so it keeps its accuracy
-  when it is 1 - 1e-12. ULP distances use the float32 exponent bits, not ``np.frexp``.
+  products (the four plain sums as one matrix-vector product) with float32 accumulation over at
+  most 32 Ki elements (relative error ~1e-6, far below the 3 digits the reports show) and are
+  summed across chunks in float64. Cosine is derived from ``d = t - r``
+  (``1 - cos = (|d|^2 - (|r| - |t|)^2) / (2 |r| |t|)``), so it keeps its accuracy when it is
+  1 - 1e-12. ULP distances use the float32 exponent bits, not ``np.frexp``. The histogram is
+  exact: ``np.bincount`` of the float32 bits of ``|d|`` shifted right by 21. The maximum error is
+  taken first: NaN/Inf send the chunk to the float64 kernel before any other work, and an exact
+  chunk (every error zero) costs one more dot product.
 - ``_exact_chunk``: anything else (a float64 golden, NaN/Inf, values that overflow float32
   squares): float64 element work, NaN/Inf bookkeeping, the same definitions.
 
@@ -157,6 +161,27 @@ def _qname(q: float) -> str:
     return f"p{q * 100:g}"
 
 
+class _Buffers:
+    """Reused work buffers of the fast kernel for one chunk length (all float32 unless noted).
+
+    ``sums`` stacks the four arrays whose plain sums are needed (``d``, ``|d|``, relative and
+    scaled ULP errors) so a single matrix-vector product with ``ones`` gives all four sums.
+    Constant operands of float comparisons/maxima are arrays (numpy's scalar-broadcast loops are
+    slower than array-array loops for those); integer constants stay scalars.
+    """
+
+    __slots__ = ("sums", "d", "ad", "rel", "ulp", "bits", "wide", "mask", "ones", "guard")
+
+    def __init__(self, n: int, guard: np.float32) -> None:
+        self.sums = np.empty((4, n), np.float32)
+        self.d, self.ad, self.rel, self.ulp = self.sums
+        self.bits = np.empty(n, np.int32)
+        self.wide = np.empty(n, np.intp)  # histogram codes, in np.bincount's own index type
+        self.mask = np.empty(n, np.bool_)
+        self.ones = np.ones(n, np.float32)
+        self.guard = np.full(n, guard)
+
+
 class _Accumulator:
     """Running float64 sums over chunks, plus the reused float32 buffers of the fast kernel."""
 
@@ -164,9 +189,13 @@ class _Accumulator:
         self.mant, self.tiny = FLOAT_FORMATS.get(target_dtype, FLOAT_FORMATS["float32"])
         self.guard = guard
         self.guard32 = np.float32(max(guard, 2.0**-126))
-        tiny_bits = np.array(max(self.tiny, 2.0**-126), np.float32).view(np.int32)
-        self.tiny_exp_bits = np.int32(int(tiny_bits) & 0x7F800000)
+        tiny32 = np.float32(max(self.tiny, 2.0**-126))
+        self.tiny_exp_bits = np.int32(int(tiny32.view(np.int32)) & 0x7F800000)
+        # ulp(r) uses max(|r|, tiny); when the relative-error guard is that same power of two,
+        # the exponent bits can be read off max(|r|, guard) without a separate clamp
+        self.guard_is_tiny = bool(self.guard32 == tiny32)
         self.ulp_one = np.float32(2.0**-self.mant)  # scaled ULP distance of exactly 1 ulp
+        self.thresholds32 = tuple(np.float32(th) for th in REL_THRESHOLDS)
         self.numel = self.finite = self.exact = 0
         self.nan_mismatch = self.inf_mismatch = self.nan_where_ref_finite = 0
         self.sum_abs = self.sum_err = self.sum_sq_err = self.sum_sq_ref = self.dot_dr = 0.0
@@ -176,20 +205,14 @@ class _Accumulator:
         self.rel_over = [0] * len(REL_THRESHOLDS)
         self.fine = np.zeros(_FINE_SLOTS, np.int64)  # histogram by float32 bits >> 21
         self.zeros = 0
-        self._bufs: dict[int, tuple[np.ndarray, ...]] = {}
+        self._bufs: dict[int, _Buffers] = {}
 
-    def buffers(self, n: int) -> tuple[np.ndarray, ...]:
-        """Work buffers and constant operands of chunk length ``n`` (numpy's scalar-broadcast
-        loops are slower than array-array loops, so constants are arrays too)."""
-        if n not in self._bufs:
-            f = lambda: np.empty(n, np.float32)  # noqa: E731
-            self._bufs[n] = (
-                f(), f(), f(), np.empty(n, np.int32), np.empty(n, np.int64), np.empty(n, np.bool_),
-                np.ones(n, np.float32), np.full(n, self.guard32), np.full(n, self.tiny_exp_bits),
-                np.full(n, np.int32(254 << 23)), np.full(n, self.ulp_one),
-                *(np.full(n, np.float32(th)) for th in REL_THRESHOLDS),
-            )
-        return self._bufs[n]
+    def buffers(self, n: int) -> _Buffers:
+        """Work buffers of chunk length ``n``."""
+        bufs = self._bufs.get(n)
+        if bufs is None:
+            bufs = self._bufs[n] = _Buffers(n, self.guard32)
+        return bufs
 
 
 def compare_arrays(
@@ -244,31 +267,42 @@ _ERR_UNDERFLOW = 2.0**-60  # largest |t - r| below this: its square is below 2^-
 def _fast_chunk(acc: _Accumulator, r: np.ndarray, t: np.ndarray) -> bool:
     """float32 kernel; returns False (having changed nothing) when a value is not finite."""
     n = r.shape[0]
-    d, ad, w, bits, wide, mask, ones, guard, tiny_bits, bias, ulp_one, *thresholds = acc.buffers(n)
+    b = acc.buffers(n)
+    d, ad = b.d, b.ad
     np.subtract(t, r, out=d)
     np.abs(d, out=ad)
-    sum_abs = float(np.dot(ad, ones))
-    sum_err = float(np.dot(d, ones))
-    sq_err = float(np.dot(d, d))
+    max_abs = float(ad.max())  # NaN or Inf anywhere in r or t makes this NaN or Inf
+    if not math.isfinite(max_abs) or 0 < max_abs < _ERR_UNDERFLOW:
+        return False  # tiny errors: their squares would underflow float32, use the float64 kernel
     sq_ref = float(np.dot(r, r))
+    if not math.isfinite(sq_ref) or sq_ref < _SQ_UNDERFLOW:
+        return False
+    if max_abs == 0:  # an exact chunk: every error statistic is zero, every element a zero slot
+        acc.numel += n
+        acc.finite += n
+        acc.sum_sq_ref += sq_ref
+        acc.fine[0] += n
+        acc.zeros += n
+        return True
+    sq_err = float(np.dot(d, d))
     dot_dr = float(np.dot(d, r))
     # relative error against the guarded |r|
-    np.abs(r, out=w)
-    np.maximum(w, guard, out=w)
-    np.divide(ad, w, out=w)
-    sum_rel = float(np.dot(w, ones))
+    rel, bits = b.rel, b.bits
+    np.abs(r, out=rel)
+    np.maximum(rel, b.guard, out=rel)
     # ULP distance scaled by 2^-mant: |d| * 2^-exponent(max(|r|, tiny)), from the exponent bits
-    np.bitwise_and(r.view(np.int32), np.int32(0x7F800000), out=bits)
-    np.maximum(bits, tiny_bits, out=bits)
-    np.subtract(bias, bits, out=bits)
-    ulp = d  # d is no longer needed: reuse its buffer
+    if acc.guard_is_tiny:
+        np.bitwise_and(rel.view(np.int32), np.int32(0x7F800000), out=bits)
+    else:
+        np.bitwise_and(r.view(np.int32), np.int32(0x7F800000), out=bits)
+        np.maximum(bits, acc.tiny_exp_bits, out=bits)
+    np.divide(ad, rel, out=rel)
+    np.subtract(np.int32(254 << 23), bits, out=bits)  # the float32 bits of 2^-exponent
+    ulp = b.ulp
     np.multiply(ad, bits.view(np.float32), out=ulp)
-    sum_ulp = float(np.dot(ulp, ones))
-    if not all(map(math.isfinite, (sum_abs, sum_err, sq_err, sq_ref, dot_dr, sum_rel, sum_ulp))):
+    sum_err, sum_abs, sum_rel, sum_ulp = (b.sums @ b.ones).tolist()
+    if not all(map(math.isfinite, (sum_abs, sum_err, sq_err, dot_dr, sum_rel, sum_ulp))):
         return False
-    max_abs = float(ad.max())
-    if sq_ref < _SQ_UNDERFLOW or 0 < max_abs < _ERR_UNDERFLOW:
-        return False  # squares would underflow float32 and lose digits: use the float64 kernel
     acc.numel += n
     acc.finite += n
     acc.sum_abs += sum_abs
@@ -278,20 +312,23 @@ def _fast_chunk(acc: _Accumulator, r: np.ndarray, t: np.ndarray) -> bool:
     acc.dot_dr += dot_dr
     acc.sum_rel += sum_rel
     acc.sum_ulp += sum_ulp * 2.0**acc.mant
-    max_rel, ulp_max = float(w.max()), float(ulp.max())
+    max_rel, ulp_max = float(rel.max()), float(ulp.max())
     acc.max_abs = max(acc.max_abs, max_abs)
     acc.max_rel = max(acc.max_rel, max_rel)
     acc.ulp_max = max(acc.ulp_max, ulp_max * 2.0**acc.mant)
+    mask = b.mask
     if ulp_max > acc.ulp_one:  # counts are skipped when no element can be over
-        acc.over_ulp += int(np.count_nonzero(np.greater(ulp, ulp_one, out=mask)))
-    for i, threshold in enumerate(REL_THRESHOLDS):
+        acc.over_ulp += int(np.count_nonzero(np.greater(ulp, acc.ulp_one, out=mask)))
+    for i, threshold in enumerate(acc.thresholds32):
         if max_rel > threshold:
-            acc.rel_over[i] += int(np.count_nonzero(np.greater(w, thresholds[i], out=mask)))
+            acc.rel_over[i] += int(np.count_nonzero(np.greater(rel, threshold, out=mask)))
+    # histogram: the float32 bits of |d| >> 21 (exponent and top two mantissa bits)
+    wide = b.wide
     np.right_shift(ad.view(np.int32), _SHIFT, out=wide)
-    counts = np.bincount(wide, minlength=_FINE_SLOTS)
-    acc.fine += counts
-    if counts[0]:
-        acc.zeros += int(np.count_nonzero(np.equal(ad, 0, out=mask)))
+    counts = np.bincount(wide)  # no minlength: the slots above the largest error stay as they are
+    acc.fine[: counts.shape[0]] += counts
+    if counts[0]:  # slot 0 holds exact zeros and subnormal errors
+        acc.zeros += n - int(np.count_nonzero(ad.view(np.int32)))
     return True
 
 

@@ -185,3 +185,22 @@ def test_as_dict_is_json_safe() -> None:
     m = compare_arrays(np.array([1.0, 0.0], np.float32), np.array([1.0, 0.0], np.float32))
     json.dumps(m.as_dict(), allow_nan=False)
     assert m.as_dict()["snr_db"] == "inf" and m.get("p99") == 0.0 and m.get("share_rel_over_1e-03") == 0.0
+
+
+def test_exact_chunks_and_subnormal_errors_match_the_float64_kernel() -> None:
+    rng = np.random.default_rng(11)
+    n = 4 * M.CHUNK + 123
+    r = rng.standard_normal(n).astype(np.float32)
+    t = r.copy()
+    t[M.CHUNK : 2 * M.CHUNK] = (r[M.CHUNK : 2 * M.CHUNK] * (1 + 1e-3 * rng.standard_normal(M.CHUNK))).astype(np.float32)
+    t[3 * M.CHUNK :: 5] += np.float32(1e-4)  # chunks 0 and 2 stay exact
+    r[M.CHUNK : 2 * M.CHUNK : 7] = np.float32(3e-39)  # subnormal errors inside a fast-path chunk
+    t[M.CHUNK : 2 * M.CHUNK : 7] = np.float32(3e-39) + np.float32(2e-44) * (np.arange(M.CHUNK)[::7] % 3)
+    fast = compare_arrays(r, t, ref_absmax=4.0)
+    exact = compare_arrays(r.astype(np.float64), t.astype(np.float64), ref_absmax=4.0)
+    assert fast.histogram == exact.histogram and fast.exact_share == exact.exact_share
+    assert fast.share_rel_over == exact.share_rel_over and fast.share_over_1ulp == exact.share_over_1ulp
+    for name in ("max_abs", "max_rel", "ulp_max"):
+        assert getattr(fast, name) == pytest.approx(getattr(exact, name), rel=1e-6), name
+    for name in ("mean_abs", "rmse", "mean_rel", "ulp_mean", "norm_l2"):
+        assert getattr(fast, name) == pytest.approx(getattr(exact, name), rel=1e-5), name

@@ -124,3 +124,77 @@ def test_writer_refuses_wrong_sizes_and_duplicates(tmp_path: Path) -> None:
         w.add("a", "F32", (2,), b"\x00" * 8)
     w.abort()
     assert not (tmp_path / "w.bundle").exists()
+
+
+def _streamed(path: Path, records: int = 1) -> tuple[Path, Manifest]:
+    """A bundle written with ``spill_bytes=0``: data streams behind a reserved header region."""
+    w = BundleWriter(path, spill_bytes=0)
+    w.add_array("a", np.array([1.0, -2.5], np.float32))
+    w.add_array("i", np.arange(3, dtype=np.int64))
+    recs = [Record(key=f"m{k}/aten.mul#0", module=f"m{k}", op="aten.mul", index=k, shape=[2], dtype="float32",
+                   tensor="a") for k in range(records)]
+    manifest = Manifest(records=recs)
+    return w.close(manifest), manifest
+
+
+def test_streamed_bundle_pads_the_header_into_its_reservation(tmp_path: Path) -> None:
+    from safetensors.numpy import load_file
+
+    from accuracy import bundle as B
+
+    path, manifest = _streamed(tmp_path / "s.bundle")
+    got = path.read_bytes()
+    (n,) = struct.unpack("<Q", got[:8])
+    assert n == B.MIN_HEADER_RESERVE - 8 and (8 + n) % 4096 == 0  # the data starts block-aligned
+    header = json.dumps({
+        "__metadata__": {"format": "opband.bundle", "opband.manifest": manifest.model_dump_json(exclude_none=True)},
+        "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+        "i": {"dtype": "I64", "shape": [3], "data_offsets": [8, 32]},
+    }, separators=(",", ":")).encode()
+    data = b"\x00\x00\x80\x3f\x00\x00\x20\xc0" + np.arange(3, dtype="<i8").tobytes()
+    assert got == struct.pack("<Q", n) + header + b" " * (n - len(header)) + data
+    assert Bundle.open(path).values("i").tolist() == [0, 1, 2]
+    loaded = load_file(str(path))  # safetensors' own reader accepts the space padding
+    assert loaded["a"].tolist() == [1.0, -2.5] and loaded["i"].tolist() == [0, 1, 2]
+    assert not list(tmp_path.glob("*.partial")) and not list(tmp_path.glob("*.grow"))
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_header_that_outgrows_its_reservation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_place: bool) -> None:
+    from safetensors.numpy import load_file
+
+    from accuracy import bundle as B
+
+    monkeypatch.setattr(B, "MIN_HEADER_RESERVE", 0)
+    monkeypatch.setattr(B, "RECORD_ALLOWANCE", 0)
+    if not in_place:  # file systems without FALLOC_FL_INSERT_RANGE: one copy into a fresh file
+        monkeypatch.setattr(B, "_insert_range", lambda *a: False)
+    path, _ = _streamed(tmp_path / "g.bundle", records=200)
+    got = path.read_bytes()
+    (n,) = struct.unpack("<Q", got[:8])
+    assert n > 4088 and (8 + n) % 4096 == 0 and got[8 + n - 1 : 8 + n] == b" "
+    b = Bundle.open(path)
+    assert len(b.records) == 200 and b.values("a").tolist() == [1.0, -2.5]
+    assert load_file(str(path))["i"].tolist() == [0, 1, 2]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.bundle"]
+
+
+def test_large_tensors_stream_and_read_back(tmp_path: Path) -> None:
+    from accuracy import bundle as B
+
+    big = np.arange(B.SPILL_BYTES // 4 + 1000, dtype=np.float32)
+    w = BundleWriter(tmp_path / "big.bundle")
+    w.add_array("small", np.array([3], np.int8))
+    w.add_array("big", big)
+    w.add_array("after", np.array([1.5], np.float32))
+    b = Bundle.open(w.close(Manifest()))
+    assert int(b.values("small")[0]) == 3 and b.values("after").tolist() == [1.5]
+    np.testing.assert_array_equal(b.values("big"), big)
+    assert b._data_start % 4096 == 0
+
+
+def test_abort_after_streaming_leaves_nothing(tmp_path: Path) -> None:
+    w = BundleWriter(tmp_path / "x.bundle", spill_bytes=0)
+    w.add_array("a", np.zeros(10, np.float32))
+    w.abort()
+    assert list(tmp_path.iterdir()) == []
