@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Select, func, select
 
@@ -19,6 +19,8 @@ METRIC_COLUMNS = {
 BAND_OF_METRIC = {"norm_l2": "norm_l2", "cosine": "cosine_min"}
 SORTS = METRIC_COLUMNS | {"index": OpResultRow.index, "key": OpResultRow.key}
 VERDICTS = ("pass", "warn", "fail", "new", "missing")
+
+T = TypeVar("T")
 
 
 def glob_to_like(pattern: str) -> str:
@@ -43,20 +45,21 @@ def list_bundles(db: Database, project: Project, limit: int, offset: int) -> tup
     return _page(db, q, limit, offset)
 
 
-def get_bundle(db: Database, bundle_id: str) -> BundleRow:
+def _get(db: Database, model: type[T], ident: str | int, what: str) -> T:
+    """The row of ``model`` with primary key ``ident``, or NotFound naming it."""
     with db.session() as s:
-        row = s.get(BundleRow, bundle_id)
+        row = s.get(model, ident)
     if row is None:
-        raise NotFound(f"bundle {bundle_id!r} does not exist")
+        raise NotFound(f"{what} {ident!r} does not exist")
     return row
+
+
+def get_bundle(db: Database, bundle_id: str) -> BundleRow:
+    return _get(db, BundleRow, bundle_id, "bundle")
 
 
 def get_comparison(db: Database, comparison_id: str) -> Comparison:
-    with db.session() as s:
-        row = s.get(Comparison, comparison_id)
-    if row is None:
-        raise NotFound(f"comparison {comparison_id!r} does not exist")
-    return row
+    return _get(db, Comparison, comparison_id, "comparison")
 
 
 def list_comparisons(db: Database, project: Project, limit: int, offset: int,
@@ -149,11 +152,7 @@ def drift(db: Database, project: Project, metric: str, key: str | None, target: 
 
 
 def get_regression(db: Database, regression_id: int) -> Regression:
-    with db.session() as s:
-        row = s.get(Regression, regression_id)
-    if row is None:
-        raise NotFound(f"regression {regression_id} does not exist")
-    return row
+    return _get(db, Regression, regression_id, "regression")
 
 
 #: run fields that change numerics; every environment field is compared as well
