@@ -116,7 +116,8 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
 
     @property
     def records(self) -> Iterator[Record]:
-        return iter(self._recorder.records if self._recorder else [])
+        recs: list[Any] = self._recorder.records if self._recorder else []
+        return (r if isinstance(r, Record) else Record.model_construct(**r) for r in recs)  # dicts inside the block
 
 
 def _options_note(opts: CaptureOptions) -> dict[str, Any]:

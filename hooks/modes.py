@@ -20,6 +20,13 @@ _NO_NUMBER_API = frozenset(op.removeprefix("aten.") for op in NO_NUMBER_OPS) | {
 }
 
 
+def _quiet() -> Any:
+    """While the recorder itself works in a module or gradient hook: no Python dispatch, so the
+    ``aten`` level's own mode does not see (and pay ~10 us for) each op the recorder runs; it
+    records nothing while ``busy`` anyway, and the recorder runs no in-place op."""
+    return torch._C._DisableTorchDispatch()
+
+
 def in_backward() -> bool:
     """True while the autograd engine runs a backward pass on this thread."""
     return torch._C._current_graph_task_id() != -1
@@ -33,6 +40,7 @@ class AtenMode(TorchDispatchMode):
         self.recorder = recorder
         self._names: dict[Any, tuple[str, bool]] = {}
         self._mutates: dict[Any, bool] = {}
+        self._info: dict[Any, tuple[str, bool, bool]] = {}
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -50,24 +58,27 @@ class AtenMode(TorchDispatchMode):
     def _plan(self, func: Any, args: tuple, kwargs: dict) -> tuple[Any, ...] | None:
         """What to record for this call (module, op, key, ordinal, inputs …), or None to let it pass."""
         rec = self.recorder
-        mutates = self._mutable(func)
+        info = self._info.get(func)
+        if info is None:  # per op overload, once: (name, skip, mutates)
+            info = self._info[func] = (*(self._names.get(func) or self._classify(func)), self._mutable(func))
+        name, skip, mutates = info
         if mutates:
             rec.stats.epoch += 1  # earlier statistics no longer describe memory this op writes
         if rec.busy or not rec.active:
             return None
-        name, skip = self._names.get(func) or self._classify(func)
         if skip:
             rec.skipped[name] += 1
             return None
-        if in_backward():
+        if torch._C._current_graph_task_id() != -1:  # in_backward(), inlined: this runs for every op
             rec.skipped[f"(backward) {name}"] += 1
             return None
-        module = rec.module
+        stack = rec.stack
+        module = stack[-1] if stack else ""
         key, ordinal = rec.next_key(module, name)
         rec.ops_seen += 1
-        if not rec.wants(module, name):
+        if (rec._module_globs or rec._op_globs) and not rec.wants(module, name):
             return None
-        in_tensors = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+        in_tensors = _aten_tensors(args, kwargs)
         input_names = self._inputs(func, key, args, kwargs) if rec.opts.inputs else None
         return module, name, key, ordinal, in_tensors, input_names, mutates
 
@@ -101,6 +112,27 @@ class AtenMode(TorchDispatchMode):
         names = rec.snapshot_inputs(key, tensors)
         rec.calls[key] = {"target": op_target(func), **call}
         return names
+
+
+def _aten_tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The tensors among an ATen call's arguments, in ``tree_leaves((args, kwargs))`` order.
+
+    ATen schemas nest at most one level (``Tensor[]``, ``Tensor?[]``), so a flat walk suffices;
+    anything deeper takes the generic pytree walk."""
+    out: list[torch.Tensor] = []
+    for group in (args, kwargs.values()):
+        for a in group:
+            if isinstance(a, torch.Tensor):
+                out.append(a)
+            elif type(a) in (list, tuple):
+                for t in a:
+                    if isinstance(t, torch.Tensor):
+                        out.append(t)
+                    elif type(t) in (list, tuple, dict):
+                        return [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+            elif isinstance(a, (dict, list, tuple)):
+                return [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+    return out
 
 
 class ApiMode(TorchFunctionMode):
@@ -188,13 +220,14 @@ class ModuleHooks:
             return
         rec.busy = True
         try:
-            key, ordinal = rec.next_key(name, "forward")
-            rec.ops_seen += 1
-            if rec.wants(name, "forward"):
-                in_tensors = [a for a in tree_leaves(args) if isinstance(a, torch.Tensor)]
-                rec.record("module", name, "forward", key, ordinal, output, in_tensors)
-            if rec.opts.backward and torch.is_grad_enabled():
-                self._watch_grads(name, output)
+            with _quiet():
+                key, ordinal = rec.next_key(name, "forward")
+                rec.ops_seen += 1
+                if rec.wants(name, "forward"):
+                    in_tensors = [a for a in tree_leaves(args) if isinstance(a, torch.Tensor)]
+                    rec.record("module", name, "forward", key, ordinal, output, in_tensors)
+                if rec.opts.backward and torch.is_grad_enabled():
+                    self._watch_grads(name, output)
         except Exception as e:  # noqa: BLE001
             rec.diagnose(f"{name}/forward", e)
         finally:
@@ -226,8 +259,9 @@ class ModuleHooks:
             return
         rec.busy = True
         try:
-            key, ordinal = rec.next_key(module, op)
-            if rec.wants(module, op):
-                rec.record("grad", module, op, key, ordinal, grad, [grad])
+            with _quiet():
+                key, ordinal = rec.next_key(module, op)
+                if rec.wants(module, op):
+                    rec.record("grad", module, op, key, ordinal, grad, [grad])
         finally:
             rec.busy = False

@@ -16,12 +16,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pydantic
 import torch
 
 from accuracy.bundle import BundleWriter
 from accuracy.manifest import Diagnostic, Manifest, Record, Stats
-from hooks import devices
-from hooks.tensors import StatsBatch, stored_payload, tensor_dtype_name, unsupported_reason, version_of
+from hooks import cstats, devices
+from hooks.tensors import StatsBatch, fast_leaves, stored_payload, tensor_dtype_name, unsupported_reason, version_of
 
 if TYPE_CHECKING:
     from hooks.capture import CaptureOptions
@@ -43,7 +44,7 @@ class Recorder:
     def __init__(self, path: Path, opts: CaptureOptions) -> None:
         self.opts = opts
         self.writer = BundleWriter(path)
-        self.records: list[Record] = []
+        self.records: list[dict[str, Any]] | list[Record] = []  # plain dicts until finish() validates them
         self.stats = StatsBatch(epochs=opts.level == "aten")
         self.stats_of: list[int | None] = []
         self.pending: list[tuple[str, torch.Tensor, str]] = []
@@ -65,6 +66,7 @@ class Recorder:
         self.show_progress = sys.stderr.isatty() if opts.progress is None else opts.progress
         self._module_globs = list(opts.modules or [])
         self._op_globs = list(opts.ops or [])
+        cstats.load()  # build/load the statistics kernel now, not inside the first op
 
     # -- keys and filters -------------------------------------------------------------------
     @property
@@ -119,8 +121,7 @@ class Recorder:
         try:
             shapes = [_shape(a) for a in in_tensors]
             dtypes = [tensor_dtype_name(a) if isinstance(a, torch.Tensor) else None for a in in_tensors]
-            flat = outputs if isinstance(outputs, torch.Tensor) else torch.utils._pytree.tree_leaves(outputs)
-            tensors = [flat] if isinstance(flat, torch.Tensor) else [t for t in flat if isinstance(t, torch.Tensor)]
+            tensors = [outputs] if isinstance(outputs, torch.Tensor) else fast_leaves(outputs)
         except Exception as e:  # noqa: BLE001
             self.diagnose(key, e)
             return
@@ -142,11 +143,12 @@ class Recorder:
         payload = stored_payload(t)
         slot = self.stats.add(payload.values, None if mutated else t)
         name = self._store(rec_id, t, payload, reuse=not mutated) if self.opts.mode == "full" else None
-        self.records.append(Record.model_construct(
-            key=key, output=out_i, module=module, op=op, ordinal=ordinal, kind=kind, index=len(self.records),
-            input_shapes=shapes, input_dtypes=dtypes, shape=payload.shape, dtype=payload.dtype, tensor=name,
-            input_tensors=input_names, stats=None, qparams=payload.extra, step=self.step,
-        ))
+        self.records.append({  # a Record's fields; validated once, in finish()
+            "key": key, "output": out_i, "module": module, "op": op, "ordinal": ordinal, "kind": kind,
+            "index": len(self.records), "input_shapes": shapes, "input_dtypes": dtypes, "shape": payload.shape,
+            "dtype": payload.dtype, "tensor": name, "input_tensors": input_names, "stats": None,
+            "qparams": payload.extra, "step": self.step,
+        })
         self.stats_of.append(slot)
 
     def _store(self, rec_id: str, t: torch.Tensor, payload: Any, reuse: bool = True) -> str | None:
@@ -203,19 +205,22 @@ class Recorder:
         self.closed = True
         self.flush()
         summaries = self.stats.to_host()
-        for rec, slot in zip(self.records, self.stats_of, strict=True):
+        records: list[Any] = self.records
+        for rec, slot in zip(records, self.stats_of, strict=True):
             if slot is not None:
-                rec.stats = Stats.model_construct(**summaries[slot])
+                rec["stats"] = summaries[slot]
         if self.calls:
             run = {**run, "calls": self.calls}
-        manifest = Manifest(
-            created_at=datetime.now(UTC).isoformat(timespec="seconds"),
-            run=run,
-            environment=env,
-            records=self.records,
-            skipped_ops=dict(sorted(self.skipped.items())),
-            diagnostics=self.diagnostics,
-        )
+        fields = {"created_at": datetime.now(UTC).isoformat(timespec="seconds"), "run": run, "environment": env,
+                  "skipped_ops": dict(sorted(self.skipped.items())), "diagnostics": self.diagnostics}
+        try:  # one validation call for every record (pydantic-core), cheaper than building each in Python
+            manifest = Manifest.model_validate({**fields, "records": records})
+        except pydantic.ValidationError as e:  # keep the capture: store what was recorded, say what is odd
+            self.diagnose(None, f"manifest validation: {str(e)[:2000]}")
+            manifest = Manifest(**{**fields, "diagnostics": self.diagnostics}, records=[
+                Record.model_construct(**{**r, "stats": Stats.model_construct(**r["stats"]) if r["stats"] else None})
+                for r in records])
+        self.records = manifest.records
         path = self.writer.close(manifest)
         self._progress(final=True)
         return path
