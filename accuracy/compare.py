@@ -164,7 +164,11 @@ def compare(
     results += [_unmatched_result(u) for u in unmatched]
     replayed = bool(tgt.manifest.run.get("replay_of") or tgt.manifest.run.get("replay"))
     local_everywhere = mode == "replay" or (mode == "golden" and replayed)
-    first = mark_first_divergence(results, local_everywhere, dataflow(tgt.records))
+    # results are keyed by the reference's record ids; a sequence-aligned pair has another id in the
+    # target, so the target's graph is translated before it is read
+    alias = {p.target.id: p.reference.id for p in pairs if p.target.id != p.reference.id}
+    graph = {alias.get(k, k): [alias.get(i, i) for i in v] for k, v in dataflow(tgt.records).items()}
+    first = mark_first_divergence(results, local_everywhere, graph)
     counts = {v: sum(1 for r in results if r.verdict == v) for v in VERDICT_ORDER}
     return ComparisonReport(
         reference=_side(ref), target=_side(tgt), mode=mode, ops=results, unmatched=unmatched,
