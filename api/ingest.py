@@ -14,6 +14,7 @@ from sqlalchemy.exc import IntegrityError
 
 from accuracy.bundle import Bundle
 from accuracy.errors import BundleError
+from accuracy.manifest import Record
 from api.db import Database
 from api.errors import InvalidInput, TooLarge
 from api.models import BundleRow, OpRecordRow, Project
@@ -76,12 +77,15 @@ def store_bundle(db: Database, store: BlobStore, project: Project, upload: Spool
         except BundleError as e:
             raise InvalidInput(f"not a valid opband bundle: {e}") from e
         m = bundle.manifest
+        check_record_fields(m.records)
+        run, env = m.run, m.environment
         row = BundleRow(
             id=uuid.uuid4().hex, project_id=project.id, sha256=upload.sha256, size=upload.size,
-            storage_key=f"{project.name}/{upload.sha256}.bundle", label=str(m.run.get("label") or "") or None,
-            variant=m.variant, device=m.device, level=m.run.get("level"), mode=m.run.get("mode"),
-            git_commit=m.environment.get("git_commit"), git_branch=m.environment.get("git_branch"),
-            records=len(m.records), run=m.run, environment=m.environment,
+            storage_key=f"{project.name}/{upload.sha256}.bundle", label=_text(run.get("label"), 200),
+            variant=_text(m.variant, 40) or "fp32", device=_text(m.device, 100) or "cpu",
+            level=_text(run.get("level"), 20), mode=_text(run.get("mode"), 20),
+            git_commit=_text(env.get("git_commit"), 64), git_branch=_text(env.get("git_branch"), 200),
+            records=len(m.records), run=run, environment=env,
         )
         records = [
             OpRecordRow(bundle_id=row.id, key=r.key, output=r.output, op=r.op, module=r.module, kind=r.kind,
@@ -108,6 +112,27 @@ def store_bundle(db: Database, store: BlobStore, project: Project, upload: Spool
         return row, True
     finally:
         upload.discard()
+
+
+#: record fields stored in indexed columns, and their column widths (api/models.py)
+RECORD_LIMITS = {"key": 1000, "module": 800, "op": 200, "dtype": 40}
+
+
+def check_record_fields(records: list[Record]) -> None:
+    """Refuse (422) a record whose indexed fields would not fit their columns, naming it."""
+    for r in records:
+        for name, limit in RECORD_LIMITS.items():
+            value = getattr(r, name)
+            if len(value) > limit:
+                raise InvalidInput(f"record {r.key[:80]!r}: {name} is {len(value)} characters; this server indexes "
+                                   f"at most {limit}. Shorten module names or filter the capture (--module/--op)")
+
+
+def _text(value: object, limit: int) -> str | None:
+    """Free-form manifest metadata (run/environment) as a bounded string column value."""
+    if value is None or value == "":
+        return None
+    return str(value)[:limit]
 
 
 def _find(db: Database, project_id: int, sha256: str) -> BundleRow | None:
