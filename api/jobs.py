@@ -121,26 +121,18 @@ class Heartbeat:
 
 
 def run_job(db: Database, store: BlobStore, settings: Settings, job_id: str, name: str) -> str:
-    """Run one claimed comparison to done or failed; returns the final status."""
+    """Run one claimed comparison to done or failed; returns the final status. Never raises.
+
+    If even recording the outcome fails (the database went away), the job keeps its lease, which
+    expires, and the next claim retries it; the worker itself carries on.
+    """
     started = time.monotonic()
-    with db.session() as s:
-        job = s.get(Comparison, job_id)
-        assert job is not None
-        ref_key, tgt_key, mode, attempt = job.reference.storage_key, job.target.storage_key, job.mode, job.attempts
-        target = f"{job.target.variant}@{job.target.device}"
-        history = accepted_history(s, job.project_id, target, job_id)
-    log.info("job started", extra={"job_id": job_id, "worker": name, "attempt": attempt, "mode": mode})
     try:
-        with Heartbeat(db, settings, job_id, name), store.local_path(ref_key) as ref_path, \
-                store.local_path(tgt_key) as tgt_path:
-            report = accuracy.compare(ref_path, tgt_path, mode=mode, history=history, target_id=target)
-            status = persist_report(db, job_id, report, name)
-    except OpbandError as e:
-        status = _fail(db, job_id, f"{type(e).__name__}: {e}", name)
-    except Exception as e:  # noqa: BLE001 - recorded on the job; the worker carries on
-        log.exception("comparison failed", extra={"job_id": job_id})
-        status = _fail(db, job_id, f"internal error ({type(e).__name__}: {e}); please report it with this comparison id",
-                       name)
+        status = _run_job(db, store, settings, job_id, name)
+    except Exception:  # noqa: BLE001 - a worker must outlive any one job
+        log.exception("job could not be run or recorded; it is retried when its lease expires",
+                      extra={"job_id": job_id, "worker": name})
+        status = "interrupted"
     seconds = time.monotonic() - started
     JOB_SECONDS.labels(status).observe(seconds)
     JOBS_FINISHED.labels(status).inc()
@@ -170,6 +162,27 @@ def accepted_history(s: Any, project_id: int, target: str, exclude: str) -> dict
     results = [{"key": r.key.rsplit(":", 1)[0] if r.output else r.key, "op": r.op, "shape_signature": r.shape_signature,
                 "dtype": r.dtype, "target": target, "run": r.comparison_id, "metrics": r.metrics} for r in rows]
     return {"schema": "opband.history/1", "results": results}
+
+
+def _run_job(db: Database, store: BlobStore, settings: Settings, job_id: str, name: str) -> str:
+    with db.session() as s:
+        job = s.get(Comparison, job_id)
+        assert job is not None
+        ref_key, tgt_key, mode, attempt = job.reference.storage_key, job.target.storage_key, job.mode, job.attempts
+        target = f"{job.target.variant}@{job.target.device}"
+        history = accepted_history(s, job.project_id, target, job_id)
+    log.info("job started", extra={"job_id": job_id, "worker": name, "attempt": attempt, "mode": mode})
+    try:
+        with Heartbeat(db, settings, job_id, name), store.local_path(ref_key) as ref_path, \
+                store.local_path(tgt_key) as tgt_path:
+            report = accuracy.compare(ref_path, tgt_path, mode=mode, history=history, target_id=target)
+            return persist_report(db, job_id, report, name)
+    except OpbandError as e:
+        return _fail(db, job_id, f"{type(e).__name__}: {e}", name)
+    except Exception as e:  # noqa: BLE001 - recorded on the job; the worker carries on
+        log.exception("comparison failed", extra={"job_id": job_id})
+        return _fail(db, job_id, f"internal error ({type(e).__name__}: {e}); please report it with this comparison id",
+                     name)
 
 
 def _owned(s: Any, db: Database, job_id: str, name: str) -> Comparison | None:
