@@ -66,6 +66,8 @@ def capture(
                            **({"inputs": True} if inputs else {}))
     except (SpecError, ValueError) as e:
         _fail(str(e))
+    except OSError as e:
+        _fail(f"cannot write {out}: {e.strerror or e}; check that its folder is writable")
     from accuracy.bundle import Bundle
 
     b = Bundle.open(path)
@@ -102,20 +104,31 @@ def compare(
     except (OpbandError, OSError, ValueError) as e:
         _fail(str(e))
     typer.echo(to_text(report, limit=limit))
-    if json_out:
-        json_out.write_text(to_json(report))
-    if markdown:
-        markdown.write_text(to_markdown(report))
-    if html:
-        html.write_text(to_html(report))
+    for out, render in ((json_out, to_json), (markdown, to_markdown), (html, to_html)):
+        if out:
+            write_report(out, render(report))
     raise typer.Exit(0 if report else 1)
+
+
+def write_report(path: Path, text: str) -> None:
+    """Write a report file, or exit 2 saying why it could not be written."""
+    try:
+        path.write_text(text)
+    except OSError as e:
+        _fail(f"cannot write {path}: {e.strerror or e}; check that its folder exists and is writable")
 
 
 def _load_config(path: Path) -> dict:  # type: ignore[type-arg]
     import yaml
 
-    text = path.read_text()
-    return json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    try:
+        text = path.read_text()
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (OSError, ValueError, yaml.YAMLError) as e:
+        raise ValueError(f"cannot read budgets file {path}: {e}") from e
+    if data is not None and not isinstance(data, dict):
+        raise ValueError(f"budgets file {path} must hold a mapping such as {{ops: {{'aten.mm': {{...}}}}}}")
+    return data or {}
 
 
 def _settings(**overrides: object):  # type: ignore[no-untyped-def]

@@ -79,12 +79,26 @@ def run_gate(server: str, project: str, reference: Path, target: Path, *, token:
         if c["status"] == "failed":
             echo(f"FAILED | comparison {c['id']} could not run: {c['error']}")
             return EXIT_ERROR
-        ops = client.ops(c["id"], limit=1000, sort="severity", order="desc")["data"]
+        ops = all_ops(client, c["id"])
     finally:
         client.close()
     echo(gate_table(c, ops))
-    if junit:
-        junit.write_text(junit_xml(c, ops))
-    if markdown:
-        markdown.write_text(markdown_summary(c, ops))
+    try:
+        if junit:
+            junit.write_text(junit_xml(c, ops))
+        if markdown:
+            markdown.write_text(markdown_summary(c, ops))
+    except OSError as e:
+        echo(f"error: cannot write a gate report: {e}; check that its folder exists and is writable")
+        return EXIT_ERROR
     return EXIT_FAIL if c["verdict"] == "fail" else EXIT_PASS
+
+
+def all_ops(client: Client, comparison_id: str, page: int = 1000) -> list[dict[str, Any]]:
+    """Every op result of a comparison, worst first, fetched page by page."""
+    ops: list[dict[str, Any]] = []
+    while True:
+        batch = client.ops(comparison_id, limit=page, offset=len(ops), sort="severity", order="desc")
+        ops += batch["data"]
+        if not batch["data"] or len(ops) >= batch["count"]:
+            return ops

@@ -57,3 +57,19 @@ def test_demo_runs_the_whole_pipeline(tmp_path: Path) -> None:
     # the injected fast-sigmoid bug in layer 2 is localized and flagged as the one regression
     assert "FAILED | first divergence: model.layers.2.mlp.act/" in r.stdout
     assert "regressions flagged: 1\n  model.layers.2.mlp.act/" in r.stdout
+
+
+def test_unwritable_outputs_and_bad_config_exit_2(tmp_path: Path, demo_bundles: dict[str, Path]) -> None:
+    ref = str(demo_bundles["ref"])
+    r = opband("compare", ref, ref, "--json", str(tmp_path / "missing-dir" / "r.json"))
+    assert r.returncode == 2 and "cannot write" in r.stderr and "Traceback" not in r.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("ops: [unclosed")
+    r = opband("compare", ref, ref, "--budgets", str(bad))
+    assert r.returncode == 2 and "cannot read budgets file" in r.stderr
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- 1\n- 2\n")
+    r = opband("compare", ref, ref, "--budgets", str(listed))
+    assert r.returncode == 2 and "must hold a mapping" in r.stderr
+    r = opband("capture", "hooks.demo_model:build", "-o", "/proc/opband-test.bundle", "--device", "cpu")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
