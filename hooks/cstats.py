@@ -4,11 +4,13 @@
 tensor in one read, so summarising it costs four or five passes (``aminmax`` alone runs at a fifth
 of ``sum``'s speed). This module compiles a ~100-line C loop (``#pragma omp simd`` reductions,
 ``-O3 -march=native``, no ``-ffast-math``: NaN and signed zeros keep IEEE semantics) into a shared
-library cached under ``$OPBAND_CACHE_DIR`` (default ``~/.cache/opband``), keyed by the source,
-the compiler and the CPU, and calls it through :mod:`ctypes` (which releases the GIL). Large
+library cached under ``$OPBAND_CACHE_DIR`` (default ``~/.cache/opband``; ``$TMPDIR/opband-UID``
+only when that is not writable), keyed by the source, the compiler and the CPU, and calls it through :mod:`ctypes` (which releases the GIL). Large
 tensors are split over ``torch.get_num_threads()`` threads of the OpenMP pool torch itself runs on
 (built with ``-fopenmp``, the library binds to the ``libgomp.so.1`` torch has loaded; separate
-POSIX threads were slower: they compete with that pool's spinning workers).
+POSIX threads were slower: they compete with that pool's spinning workers). A cached library is
+loaded only from a directory and file this user owns and nobody else can write (anything else is
+rebuilt, in a fresh private temp dir when no cache qualifies); one that fails to load is rebuilt once.
 
 Strictly optional: with no compiler, a failed build or ``OPBAND_CSTATS=0``, :func:`kernel`
 returns None and :func:`hooks.tensors.host_stats` uses torch reductions instead. The kernel
@@ -20,9 +22,11 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import math
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -130,6 +134,7 @@ static void *run_job(void *arg) {
 #define MAX_THREADS 64
 
 static int run_all(const void *data, int64_t n, int f64, int masked, int threads, job_t *jobs) {
+    if (n <= 0) return 0;  /* no chunks: the divisions below need n > 0 */
     if (threads < 1) threads = 1;
     if (threads > MAX_THREADS) threads = MAX_THREADS;
     int64_t size = f64 ? 8 : 4, chunk = (n + threads - 1) / threads;
@@ -188,12 +193,69 @@ _error: str | None = None
 
 
 def _cache_dir() -> Path:
+    """The primary cache: ``$OPBAND_CACHE_DIR``, else ``$XDG_CACHE_HOME/opband``, else ``~/.cache/opband``.
+    Raises (RuntimeError, KeyError) when the home directory cannot be determined."""
     env = os.environ.get("OPBAND_CACHE_DIR")
     if env:
         return Path(env)
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg) if xdg else Path.home() / ".cache"
     return base / "opband"
+
+
+def _uid() -> int:
+    return os.getuid() if hasattr(os, "getuid") else 0
+
+
+def _fallback_dir() -> Path:
+    """The per-user temp cache, used only when the primary one is not writable (or not private)."""
+    return Path(tempfile.gettempdir()) / f"opband-{_uid()}"
+
+
+def _private(st: os.stat_result, kind: int) -> bool:
+    """``st`` (an ``lstat``, so a symlink fails) is a ``kind`` (S_IFDIR/S_IFREG) owned by this user
+    that nobody else can write: what another local user could not have planted or changed."""
+    return stat.S_IFMT(st.st_mode) == kind and st.st_uid == _uid() and not st.st_mode & 0o022
+
+
+def _private_dir(path: Path) -> bool:
+    try:
+        return _private(os.lstat(path), stat.S_IFDIR)
+    except OSError:
+        return False
+
+
+def _private_file(path: Path) -> bool:
+    try:
+        return _private(os.lstat(path), stat.S_IFREG)
+    except OSError:
+        return False
+
+
+def _usable_dir(path: Path) -> bool:
+    """Create ``path`` (mode 0o700) if needed; True when it is a private directory this user can write."""
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return _private_dir(path) and os.access(path, os.W_OK | os.X_OK)
+
+
+def _cache_dirs() -> list[Path]:
+    """Where the library may be cached, best first: the primary cache when it is usable, else the
+    per-user temp dir when that is. Empty: build into a fresh private directory."""
+    try:
+        primary: Path | None = _cache_dir()
+    except (RuntimeError, KeyError, OSError):  # HOME unset and no passwd entry
+        primary = None
+    dirs = [d for d in (primary, _fallback_dir()) if d is not None]
+    usable = []
+    for d in dirs:
+        if _usable_dir(d):
+            usable.append(d)
+            if d == primary:
+                break  # the temp dir only when the primary cache cannot be used
+    return usable
 
 
 def _cpu_id() -> str:
@@ -225,26 +287,65 @@ def _build(compiler: str, out: Path) -> None:
     raise RuntimeError(f"compiling the statistics kernel failed: {err}")
 
 
-def _cached(name: str, compiler: str) -> Path:
-    """The built library ``name``: from the cache dir, else built into it (or, when that is not
-    writable, into a per-user temp dir)."""
-    uid = os.getuid() if hasattr(os, "getuid") else 0
-    dirs = [_cache_dir(), Path(tempfile.gettempdir()) / f"opband-{uid}"]
-    for cache in dirs:
-        if (cache / name).exists():
-            return cache / name
+def _install(compiler: str, cache: Path, name: str) -> Path:
+    """Build the library into the private directory ``cache`` as ``name`` (atomically)."""
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:  # mode 0o700
+        built = Path(tmp) / "cstats.so"
+        _build(compiler, built)
+        os.chmod(built, 0o700)  # whatever the umask: never group/world-writable
+        os.replace(built, cache / name)  # atomic: concurrent builders each install a whole file
+    return cache / name
+
+
+def _unlink(path: Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def _open_cached(cache: Path, name: str, compiler: str) -> Any:
+    """Load ``cache/name``: the cached file when it is private and loads, else a fresh build (once)."""
+    path = cache / name
+    if os.path.lexists(path):
+        if _private_file(path):
+            try:
+                return ctypes.CDLL(str(path))
+            except OSError:  # corrupt, truncated or built for something else: rebuild it once
+                pass
+        _unlink(path)  # unloadable, or not provably this user's own: never load it
+    path = _install(compiler, cache, name)
+    if not _private_file(path):
+        raise RuntimeError(f"{path} changed owner or mode after it was built")
+    try:
+        return ctypes.CDLL(str(path))
+    except OSError as e:  # rebuilt and still unloadable: fall back to torch
+        raise RuntimeError(f"the rebuilt statistics kernel {path} does not load: {e}") from e
+
+
+def _open(name: str, compiler: str) -> Any:
+    """The loaded library, built and cached on first use (see :func:`_cache_dirs`); with no usable
+    cache, built into a fresh private temp dir that is removed once loaded (dlopen keeps the mapping)."""
     err: Exception | None = None
-    for cache in dirs:
+    for cache in _cache_dirs():
         try:
-            cache.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=cache) as tmp:
-                built = Path(tmp) / "cstats.so"
-                _build(compiler, built)
-                os.replace(built, cache / name)  # atomic: concurrent builders each install a whole file
-            return cache / name
-        except OSError as e:  # read-only or missing home: try the next place
+            return _open_cached(cache, name, compiler)
+        except OSError as e:  # could not build or install here (read-only, full): try the next place
             err = e
-    raise RuntimeError(f"no writable cache directory for the statistics kernel: {err}")
+    tmp = tempfile.mkdtemp(prefix="opband-cstats-")  # mode 0o700, a name nobody could predict
+    try:
+        path = Path(tmp) / name
+        _build(compiler, path)
+        return ctypes.CDLL(str(path))
+    except OSError as e:
+        raise RuntimeError(f"the statistics kernel does not build or load (cache: {err}): {e}") from e
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _lib_name(compiler: str) -> str:
+    digest = hashlib.sha256("\0".join([_SOURCE, compiler, platform.machine(), _cpu_id()]).encode())
+    return f"cstats-{digest.hexdigest()[:16]}.so"
 
 
 def load() -> Any:
@@ -263,10 +364,7 @@ def load() -> Any:
             compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
             if not compiler:
                 raise RuntimeError("no C compiler (cc, gcc, clang) on PATH")
-            digest = hashlib.sha256("\0".join([_SOURCE, compiler, platform.machine(), _cpu_id()]).encode())
-            name = f"cstats-{digest.hexdigest()[:16]}.so"
-            path = _cached(name, compiler)
-            lib = ctypes.CDLL(str(path))
+            lib = _open(_lib_name(compiler), compiler)
             fn = lib.opband_stats
             fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
                            ctypes.c_int64, ctypes.c_void_p]
@@ -304,6 +402,10 @@ def fused(x: torch.Tensor, idx: torch.Tensor) -> list[float] | None:
         return None
     n = x.numel()
     k = idx.numel()
+    if k > _OUT_LEN - N_HEAD:
+        return None  # more samples than the output buffer holds: the caller uses torch
+    if n == 0:  # nothing to read (and no valid index): the kernel's empty result, without calling it
+        return None if k else [math.inf, -math.inf, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
     out = _out_type()
     threads = max(1, min(torch.get_num_threads(), n // MIN_PER_THREAD, 64))
     lib.opband_stats(x.data_ptr(), n, int(x.dtype == torch.float64), threads, idx.data_ptr(), k, out)

@@ -14,6 +14,36 @@ from hooks.spec import load_spec
 from hooks.variants import apply_variant
 
 
+def check_device(device: str) -> None:
+    """Raise ValueError (the CLI prints ``error: ...``, exit 2) unless ``device`` names a device this
+    torch build and machine have, instead of an AssertionError or RuntimeError deep inside torch."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise ValueError(f"invalid device {device!r}: {e}") from e
+    if dev.type in ("cpu", "meta"):
+        return
+    mod = devices.backend_module(dev.type)
+    is_available = getattr(mod, "is_available", None)
+    if not callable(is_available):
+        return  # a backend without the usual module: let torch report on it
+    try:
+        ok = bool(is_available())
+    except Exception:  # noqa: BLE001 - a broken backend is an unavailable one
+        ok = False
+    if not ok:
+        raise ValueError(f"device {device} is not available in this torch build/machine: pass --device cpu, "
+                         "or install a CUDA/NPU build of torch")
+    count = getattr(mod, "device_count", None)
+    if dev.index is not None and callable(count):
+        try:
+            n = int(count())
+        except Exception:  # noqa: BLE001
+            return
+        if dev.index >= n:
+            raise ValueError(f"device {device} does not exist: this machine has {n} {dev.type} device(s)")
+
+
 def run_capture(
     spec: str,
     out: str | os.PathLike[str],
@@ -33,6 +63,8 @@ def run_capture(
     ``inputs=True``) is re-run alone on ``device``/``variant`` (``golden``: float64 on CPU).
     """
     device = device or ("cpu" if variant == "int8" else devices.default_device())
+    if not (replay is not None and golden):  # a golden replay runs on the CPU whatever ``device`` says
+        check_device(device)
     if replay is not None:
         from hooks.replay import replay as replay_ops
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ctypes
 import math
 import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -161,3 +163,36 @@ def test_row_layout() -> None:
     row = host_stats(torch.tensor([1.0, 2.0]))
     assert len(row) == len(STAT_FIELDS) + SAMPLE_SIZE
     assert _row_dict(row)["sample"] == [1.0, 2.0]
+
+
+def test_kernel_handles_empty_tensors_and_too_many_samples() -> None:
+    """n == 0 divided by zero in the C code (SIGFPE); more indices than the output buffer overflowed it."""
+    lib = cstats.load()
+    if lib is None:
+        pytest.skip(f"statistics kernel unavailable: {cstats.unavailable_reason()}")
+    none = torch.empty(0, dtype=torch.int64)
+    assert cstats.fused(torch.empty(0), none) == [math.inf, -math.inf, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert cstats.fused(torch.empty(0, dtype=torch.float64), none)[:2] == [math.inf, -math.inf]
+    assert cstats.fused(torch.empty(0), torch.tensor([0])) is None  # no valid index into nothing
+    out = (ctypes.c_double * cstats.N_HEAD)()
+    assert lib.opband_stats(torch.empty(0).data_ptr(), 0, 0, 4, none.data_ptr(), 0, out) == 0  # the C guard
+    x = torch.arange(1000.0)
+    cap = 64  # the output buffer: N_HEAD + 64 values
+    assert cstats.fused(x, torch.arange(cap + 1)) is None
+    assert cstats.fused(x, torch.arange(cap))[cstats.N_HEAD:] == x[:cap].tolist()
+    row = _row_dict(host_stats(torch.empty(0)))
+    assert row["numel"] == 0 and row["nan"] == 0 and row["sample"] == []
+
+
+def test_run_capture_rejects_an_unavailable_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU-only torch asked for cuda: a ValueError the CLI prints, not an AssertionError inside torch."""
+    from hooks.runner import run_capture
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"device cuda is not available in this torch build/machine: pass --device cpu"):
+        run_capture("hooks.demo_model:build", tmp_path / "x.bundle", device="cuda")
+    with pytest.raises(ValueError, match="device cuda:0 is not available"):
+        run_capture("hooks.demo_model:build", tmp_path / "x.bundle", device="cuda:0", replay=tmp_path / "ref.bundle")
+    with pytest.raises(ValueError, match="invalid device 'gpu0'"):
+        run_capture("hooks.demo_model:build", tmp_path / "x.bundle", device="gpu0")
+    assert not (tmp_path / "x.bundle").exists()
