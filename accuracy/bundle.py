@@ -73,7 +73,10 @@ class TensorInfo:
 #: with the minimal header padding; larger ones stream to disk after a reserved header region.
 SPILL_BYTES = 8 << 20
 #: Smallest header region reserved once data streams to disk (the padding costs at most this).
-MIN_HEADER_RESERVE = 64 << 10
+#: Streaming starts after only ``SPILL_BYTES`` of data, when few records exist yet, while a model's
+#: header is ~1 KB per record: 1 MiB holds ~1000 records, so a typical capture never has to grow
+#: its header (growing costs a writeback of everything written so far, see ``_insert_range``).
+MIN_HEADER_RESERVE = 1 << 20
 #: Header-size allowance per tensor for the manifest record that will name it (bytes).
 RECORD_ALLOWANCE = 1024
 _BLOCK = 4096  # the data region starts block-aligned, so it can be shifted without a copy
