@@ -10,6 +10,7 @@ MiB of small ones) and the data is written once. The reader validates the header
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 import sys
@@ -340,6 +341,14 @@ class Bundle:
         raw = self.raw(name)
         return decode(raw, info.dtype)
 
+    def record_values(self, record_id: str) -> np.ndarray | None:
+        """A record's values in the record's own shape (its tensor may be stored under another
+        shape of the same size, format 1.1), or None for a record without a tensor."""
+        record = self._records_by_id[record_id]
+        if record.tensor is None:
+            return None
+        return self.values(record.tensor).reshape(record.shape)
+
     def iter_chunks(self, name: str, chunk: int = 1 << 20) -> Iterator[np.ndarray]:
         """Flat chunks of the decoded tensor, ``chunk`` elements each."""
         flat = self.raw(name).reshape(-1)
@@ -502,8 +511,10 @@ def _check_manifest_against_tensors(manifest: Manifest, tensors: dict[str, Tenso
         if name is not None:
             if name not in tensors:
                 raise BundleError(f"record {record.id!r} names tensor {name!r}, which the file does not hold")
-            if list(tensors[name].shape) != list(record.shape):
-                raise BundleError(f"record {record.id!r}: shape {record.shape} differs from tensor {list(tensors[name].shape)}")
+            stored = list(tensors[name].shape)
+            if stored != list(record.shape) and math.prod(stored) != math.prod(record.shape):
+                raise BundleError(f"record {record.id!r}: shape {record.shape} has {math.prod(record.shape)} elements, "
+                                  f"tensor {name!r} has shape {stored} ({math.prod(stored)} elements)")
             want = RECORD_DTYPE_TAG.get(record.dtype, "F32" if record.dtype.startswith("q") else None)
             if want is not None and tensors[name].dtype != want:
                 raise BundleError(f"record {record.id!r} is {record.dtype} but tensor {name!r} is stored as "

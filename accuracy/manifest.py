@@ -10,7 +10,7 @@ from accuracy.errors import BundleError
 from accuracy.strictjson import loads_strict
 
 FORMAT_NAME = "opband.bundle"
-FORMAT_VERSION = "1.0"
+FORMAT_VERSION = "1.1"
 SUPPORTED_MAJOR = 1
 
 RecordKind = Literal["module", "aten", "api", "grad"]

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pydantic
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from accuracy.bundle import BundleWriter
 from accuracy.manifest import Diagnostic, Manifest, Record, Stats
@@ -36,6 +37,16 @@ def _shape(a: Any) -> list[int] | None:
         return list(a.shape)
     except RuntimeError:
         return None
+
+
+def _storage_key(data: torch.Tensor) -> tuple[Any, ...] | None:
+    """(storage identity, offset, numel, dtype) of a contiguous non-empty tensor, else None.
+
+    ``StorageWeakRef`` compares storages by identity and keeps a freed storage's identity from
+    being reused while it is held, so a match means the very same memory, not a recycled address."""
+    if data.numel() == 0 or not data.is_contiguous() or data.device.type == "meta":
+        return None
+    return StorageWeakRef(data.untyped_storage()), data.storage_offset(), data.numel(), data.dtype
 
 
 class Recorder:
@@ -57,6 +68,13 @@ class Recorder:
         self.diagnostics: list[Diagnostic] = []
         self.calls: dict[str, dict[str, Any]] = {}
         self.stored: dict[int, tuple[weakref.ref[torch.Tensor], int, str]] = {}
+        # Where each output's bytes live -> (write epoch, tensor name), to share one stored tensor
+        # between an op's output and a reshaped alias of it (a bias-free Linear's module output is
+        # ``_unsafe_view`` of its ``mm``). Needs the dispatch mode's epochs (every in-place write
+        # seen); off with ``inputs``, whose names must keep each input's own shape for replay.
+        self.by_storage: dict[tuple[Any, ...], tuple[int, str]] = {}
+        self._share_views = opts.level == "aten" and not opts.inputs
+        self._prune_at = 1024
         self.step = 0
         self.active = opts.steps is None or 0 in opts.steps
         self.closed = False
@@ -142,7 +160,8 @@ class Recorder:
             return
         payload = stored_payload(t)
         slot = self.stats.add(payload.values, None if mutated else t)
-        name = self._store(rec_id, t, payload, reuse=not mutated) if self.opts.mode == "full" else None
+        name = (self._store(rec_id, t, payload, reuse=not mutated, share=self._share_views and not mutated)
+                if self.opts.mode == "full" else None)
         self.records.append({  # a Record's fields; validated once, in finish()
             "key": key, "output": out_i, "module": module, "op": op, "ordinal": ordinal, "kind": kind,
             "index": len(self.records), "input_shapes": shapes, "input_dtypes": dtypes, "shape": payload.shape,
@@ -151,13 +170,23 @@ class Recorder:
         })
         self.stats_of.append(slot)
 
-    def _store(self, rec_id: str, t: torch.Tensor, payload: Any, reuse: bool = True) -> str | None:
-        """Queue a host copy of the payload; reuse an identical tensor stored earlier."""
+    def _store(self, rec_id: str, t: torch.Tensor, payload: Any, reuse: bool = True, share: bool = False) -> str | None:
+        """Queue a host copy of the payload; reuse an identical tensor stored earlier.
+
+        ``reuse``: the same tensor object at the same version was stored already. ``share``: also
+        reuse a tensor stored from the same memory (same storage, offset, element count and dtype,
+        both contiguous, no in-place write since), which may have another shape (bundle format 1.1).
+        """
         version = version_of(t)
         prior = self.stored.get(id(t)) if reuse and version is not None else None
         if prior is not None and prior[0]() is t and prior[1] == version:
             return prior[2]
         data = payload.tensor
+        where = _storage_key(data) if share else None
+        if where is not None:
+            hit = self.by_storage.get(where)
+            if hit is not None and hit[0] == self.stats.epoch:
+                return hit[1]
         nbytes = data.numel() * data.element_size()
         if self.opts.max_bytes is not None and self.tensor_bytes + nbytes > self.opts.max_bytes:
             self.skipped["(over byte budget)"] += 1
@@ -171,9 +200,18 @@ class Recorder:
             self.pending_bytes += nbytes
         if version is not None:
             self.stored[id(t)] = (weakref.ref(t), version, rec_id)
+        if where is not None:
+            self._remember(where, rec_id)
         if self.pending_bytes >= self.opts.buffer_bytes:
             self.flush()
         return rec_id
+
+    def _remember(self, where: tuple[Any, ...], rec_id: str) -> None:
+        """Note where ``rec_id``'s bytes live; forget freed storages once the table has doubled."""
+        self.by_storage[where] = (self.stats.epoch, rec_id)
+        if len(self.by_storage) > self._prune_at:
+            self.by_storage = {k: v for k, v in self.by_storage.items() if not k[0].expired()}
+            self._prune_at = max(1024, 2 * len(self.by_storage))
 
     @staticmethod
     def write_through(data: torch.Tensor) -> bool:

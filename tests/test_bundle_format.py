@@ -14,7 +14,7 @@ from accuracy.errors import BundleError
 from accuracy.manifest import Manifest, Record
 
 MANIFEST = (
-    '{"format_version":"1.0","run":{"variant":"fp32"},"environment":{},"records":[{"key":"m/aten.mul#0",'
+    '{"format_version":"1.1","run":{"variant":"fp32"},"environment":{},"records":[{"key":"m/aten.mul#0",'
     '"output":0,"module":"m","op":"aten.mul","ordinal":0,"kind":"aten","index":0,"input_shapes":[[2],null],'
     '"input_dtypes":[],"shape":[2],"dtype":"float32","tensor":"a","step":0}],"skipped_ops":{},"diagnostics":[]}'
 )
@@ -198,3 +198,29 @@ def test_abort_after_streaming_leaves_nothing(tmp_path: Path) -> None:
     w.add_array("a", np.zeros(10, np.float32))
     w.abort()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_record_may_name_a_tensor_of_another_shape_with_as_many_elements(tmp_path: Path) -> None:
+    """Format 1.1: a module output that aliases an op output names the op's tensor."""
+    w = BundleWriter(tmp_path / "r.bundle")
+    w.add_array("m/aten.mm#0", np.arange(6, dtype=np.float32).reshape(3, 2))
+    recs = [Record(key="m/aten.mm#0", module="m", op="aten.mm", index=0, shape=[3, 2], dtype="float32",
+                   tensor="m/aten.mm#0"),
+            Record(key="m/forward#0", module="m", op="forward", kind="module", index=1, shape=[1, 3, 2],
+                   dtype="float32", tensor="m/aten.mm#0")]
+    b = Bundle.open(w.close(Manifest(records=recs)))
+    assert b.manifest.format_version == "1.1"
+    out = b.record_values("m/forward#0")
+    assert out is not None and out.shape == (1, 3, 2) and out.ravel().tolist() == [0, 1, 2, 3, 4, 5]
+    assert b.record_values("m/aten.mm#0").shape == (3, 2)  # type: ignore[union-attr]
+
+
+def test_a_version_1_0_bundle_still_reads(tmp_path: Path) -> None:
+    man = json.dumps({"format_version": "1.0", "records": [
+        {"key": "m/aten.mul#0", "module": "m", "op": "aten.mul", "index": 0, "shape": [2], "dtype": "float32",
+         "tensor": "t"}]})
+    w = BundleWriter(tmp_path / "old.bundle")
+    w.add_array("t", np.array([1.0, 2.0], np.float32))
+    path = w.close(Manifest.model_validate_json(man))
+    b = Bundle.open(path)
+    assert b.manifest.format_version == "1.0" and b.record_values("m/aten.mul#0").tolist() == [1.0, 2.0]  # type: ignore[union-attr]

@@ -1,0 +1,134 @@
+"""Full aten captures store an op's output once, even when a module returns a reshaped alias of it.
+
+A bias-free ``Linear`` on a 3-d input runs ``mm`` on a 2-d view and returns ``_unsafe_view`` of
+its result: the module record names the ``mm`` tensor (bundle format 1.1: a record's tensor may
+have another shape with the same element count). Sharing must never hand a record bytes that
+differ from its values: not after an in-place write, not when a freed output's address is
+recycled, and never for op inputs (replay needs each input in its own shape).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from accuracy.bundle import Bundle
+from hooks import capture
+
+
+class Proj(nn.Module):
+    """A bias-free projection, optionally scaled in place and viewed by its parent."""
+
+    def __init__(self, scale_in_place: bool = False) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 8, bias=False)
+        self.scale_in_place = scale_in_place
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)  # [2, 5, 8], an alias of mm's [10, 8]
+        if self.scale_in_place:
+            y.mul_(2.0)  # the parent's output now differs from what mm wrote
+        return y.view(2, 40)
+
+
+def _capture(model: nn.Module, x: torch.Tensor, path: Path, **opts: object) -> tuple[torch.Tensor, dict[str, torch.Tensor], Bundle]:
+    outs: dict[str, torch.Tensor] = {}
+    hooks = [m.register_forward_hook(lambda mod, a, o, n=n: outs.__setitem__(n, o.detach().clone()))
+             for n, m in model.named_modules()]
+    try:
+        with torch.no_grad(), capture(model, path, level="aten", mode="full", progress=False, **opts):
+            out = model(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    return out, outs, Bundle.open(path)
+
+
+def _values(b: Bundle, record_id: str) -> torch.Tensor:
+    v = b.record_values(record_id)
+    assert v is not None
+    return torch.from_numpy(np.array(v))
+
+
+def test_linear_module_output_shares_the_mm_tensor(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model, x = Proj(), torch.randn(2, 5, 16)
+    out, outs, b = _capture(model, x, tmp_path / "b.bundle")
+    recs = {r.id: r for r in b.records}
+    lin = recs["lin/forward#0"]
+    assert lin.tensor == "lin/aten.mm#0" and lin.shape == [2, 5, 8]
+    assert list(b.tensors["lin/aten.mm#0"].shape) == [10, 8]
+    assert recs["/forward#0"].tensor == "lin/aten.mm#0" and recs["/forward#0"].shape == [2, 40]
+    assert torch.equal(_values(b, "lin/forward#0"), outs["lin"]) and torch.equal(_values(b, "/forward#0"), out)
+    assert sorted(b.tensors) == ["lin/aten.mm#0"]  # the weight's transpose is a view: nothing else moves numbers
+    assert b.manifest.format_version == "1.1"
+
+
+def test_an_in_place_write_after_the_op_stores_the_new_values(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model, x = Proj(scale_in_place=True), torch.randn(2, 5, 16)
+    out, outs, b = _capture(model, x, tmp_path / "b.bundle")
+    recs = {r.id: r for r in b.records}
+    assert recs["/forward#0"].tensor != "lin/aten.mm#0"  # mul_ wrote after mm: its bytes are stale
+    assert torch.equal(_values(b, "/forward#0"), out)
+    assert torch.equal(_values(b, "/aten.mul_#0"), out.view(2, 5, 8))
+    assert torch.equal(_values(b, "lin/aten.mm#0"), (out / 2.0).view(10, 8))
+
+
+class Recycler(nn.Module):
+    """Frees an op's output, then fills memory that may sit at the same address through an op
+    capture does not record (``clone``): a match by address alone would hand back ``2x``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.addresses: tuple[int, int] = (0, 0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * 3.0
+        a = x * 2.0
+        first = a.data_ptr()
+        del a
+        b = y.clone()
+        self.addresses = (first, b.data_ptr())
+        return b
+
+
+def test_a_recycled_address_is_not_mistaken_for_the_freed_output(tmp_path: Path) -> None:
+    model, recycled = Recycler(), 0
+    for rep in range(4):
+        for n in (1 << 12, 1 << 13, 1 << 14, 1 << 15, 1 << 16, 1 << 17, 1 << 18):
+            x = torch.randn(n)
+            out, _, b = _capture(model, x, tmp_path / f"{n}-{rep}.bundle")
+            recycled += model.addresses[0] == model.addresses[1]
+            rec = b.record("/forward#0")
+            assert torch.equal(_values(b, "/forward#0"), out), (n, rep)
+            assert rec.stats is not None and abs(rec.stats.mean - float(out.double().mean())) < 1e-6
+    assert recycled > 0  # the allocator did hand the freed block out again, so the case was exercised
+
+
+def test_inputs_mode_keeps_every_tensor_in_its_own_shape(tmp_path: Path) -> None:
+    """Replay loads inputs by name, in the stored shape: with ``inputs`` nothing is shared."""
+    torch.manual_seed(0)
+    model, x = Proj(), torch.randn(2, 5, 16)
+    _, _, b = _capture(model, x, tmp_path / "b.bundle", inputs=True)
+    for r in b.records:
+        if r.tensor is not None:
+            assert list(b.tensors[r.tensor].shape) == r.shape, r.id
+
+
+def test_a_large_model_bundle_shrinks_by_the_shared_outputs(tmp_path: Path) -> None:
+    from hooks import demo_model
+
+    model, (x,) = demo_model.build()
+    _, _, b = _capture(model, x, tmp_path / "b.bundle")
+    shared = [r for r in b.records if r.tensor is not None and r.tensor != r.id]
+    reshaped = [r for r in shared if list(b.tensors[r.tensor].shape) != r.shape]
+    assert reshaped and all(r.kind == "module" for r in reshaped)
+    stored = sum(b.tensors[n].nbytes for n in b.tensors)
+    named = sum(b.tensors[r.tensor].nbytes for r in b.records if r.tensor is not None)
+    assert stored < 0.85 * named  # every projection's module output would otherwise be a second copy
+    for r in reshaped:
+        assert _values(b, r.id).shape == tuple(r.shape)
