@@ -211,8 +211,8 @@ def host_stats(values: torch.Tensor) -> list[float]:
     With the fused kernel (:mod:`hooks.cstats`): one pass for min, max, sum, sum of squares, the
     zero count and the non-finite count (a second, masked one when a value is NaN or Inf: then the
     statistics are over the finite values, as in :func:`device_stats`). Without it: ``amin`` and
-    ``amax`` (NaN propagates, so a non-finite value shows in them), ``sum``, ``dot`` and, when 0 lies
-    in [min, max], a zero count on the integer view of the bits (a fast ``count_nonzero``; ``-0.0``
+    ``amax`` (NaN propagates, so a non-finite value shows in them), ``sum`` and the sum of squares
+    (float64 accumulation) and, when 0 lies in [min, max], a zero count on the integer view of the bits (a fast ``count_nonzero``; ``-0.0``
     found by ``amin`` of the same view), and :func:`device_stats` when a value is non-finite.
     ``absmax`` is ``max(-min, max)``, std comes from the two sums (a centred second pass when the
     mean is so large against the spread that ``E[x^2] - E[x]^2`` would cancel); no float64 copy
@@ -244,7 +244,10 @@ def host_stats(values: torch.Tensor) -> list[float]:
         sample = row[cstats.N_HEAD:]
     else:
         lo, hi = torch.amin(x), torch.amax(x)
-        lo_f, hi_f, s_f, ss_f = torch.stack([lo, hi, x.sum(), torch.dot(x, x)]).tolist()  # one read-back
+        # one read-back; sums in float64 (torch's cascade sum: ~1e-8 relative at 4M elements, where
+        # MKL's float32 ``dot`` is off by ~2e-5)
+        f64 = torch.float64
+        lo_f, hi_f, s_f, ss_f = torch.stack([lo.to(f64), hi.to(f64), x.sum(dtype=f64), x.square().sum(dtype=f64)]).tolist()
         if not (abs(lo_f) < math.inf and abs(hi_f) < math.inf):
             return device_stats(values).tolist()
         zeros = _count_zeros(x) if lo_f <= 0.0 <= hi_f else 0
@@ -255,7 +258,7 @@ def host_stats(values: torch.Tensor) -> list[float]:
     var = max(ss_f / c - mean * mean, 0.0)
     if var <= _CANCEL[x.dtype] * mean * mean and count:  # cancellation: measure the spread directly
         d = (x - mean if count == n else torch.where(torch.isfinite(x), x - mean, 0.0)).reshape(-1)
-        var = float(torch.dot(d, d)) / c
+        var = float(d.square().sum(dtype=torch.float64)) / c
     return [float(n), lo_f, hi_f, mean, math.sqrt(var), math.sqrt(ss_f), max(-lo_f, hi_f), nan, inf, float(zeros),
             *sample, *([0.0] * (SAMPLE_SIZE - k))]
 
@@ -337,7 +340,7 @@ def device_stats(values: torch.Tensor) -> torch.Tensor:
     hi = torch.where(finite, x, float("-inf")).max()
     mean = xf.sum() / count.clamp_min(1)
     var = ((xf - mean) * finite).pow(2).sum() / count.clamp_min(1)
-    l2 = torch.dot(xf, xf).sqrt()  # vector_norm accumulates float32 less accurately on CPU
+    l2 = xf.square().sum().sqrt()  # a cascade/tree sum: vector_norm and BLAS dot drift by 1e-5 on CPU
     absmax = torch.maximum(-lo, hi)
     nan = torch.isnan(x).sum().to(acc)
     inf = (~finite).sum().to(acc) - nan
