@@ -18,12 +18,20 @@ from typing import TYPE_CHECKING, Any
 
 import pydantic
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
 
 from accuracy.bundle import BundleWriter
 from accuracy.manifest import Diagnostic, Manifest, Record, Stats
 from hooks import cstats, devices
-from hooks.tensors import StatsBatch, fast_leaves, stored_payload, tensor_dtype_name, unsupported_reason, version_of
+from hooks.tensors import (
+    StatsBatch,
+    StorageMap,
+    fast_leaves,
+    storage_key,
+    stored_payload,
+    tensor_dtype_name,
+    unsupported_reason,
+    version_of,
+)
 
 if TYPE_CHECKING:
     from hooks.capture import CaptureOptions
@@ -37,16 +45,6 @@ def _shape(a: Any) -> list[int] | None:
         return list(a.shape)
     except RuntimeError:
         return None
-
-
-def _storage_key(data: torch.Tensor) -> tuple[Any, ...] | None:
-    """(storage identity, offset, numel, dtype) of a contiguous non-empty tensor, else None.
-
-    ``StorageWeakRef`` compares storages by identity and keeps a freed storage's identity from
-    being reused while it is held, so a match means the very same memory, not a recycled address."""
-    if data.numel() == 0 or not data.is_contiguous() or data.device.type == "meta":
-        return None
-    return StorageWeakRef(data.untyped_storage()), data.storage_offset(), data.numel(), data.dtype
 
 
 class Recorder:
@@ -72,9 +70,8 @@ class Recorder:
         # between an op's output and a reshaped alias of it (a bias-free Linear's module output is
         # ``_unsafe_view`` of its ``mm``). Needs the dispatch mode's epochs (every in-place write
         # seen); off with ``inputs``, whose names must keep each input's own shape for replay.
-        self.by_storage: dict[tuple[Any, ...], tuple[int, str]] = {}
+        self.by_storage = StorageMap()  # storage_key -> (epoch, tensor name)
         self._share_views = opts.level == "aten" and not opts.inputs
-        self._prune_at = 1024
         self.step = 0
         self.active = opts.steps is None or 0 in opts.steps
         self.closed = False
@@ -182,7 +179,7 @@ class Recorder:
         if prior is not None and prior[0]() is t and prior[1] == version:
             return prior[2]
         data = payload.tensor
-        where = _storage_key(data) if share else None
+        where = storage_key(data) if share else None
         if where is not None:
             hit = self.by_storage.get(where)
             if hit is not None and hit[0] == self.stats.epoch:
@@ -201,17 +198,10 @@ class Recorder:
         if version is not None:
             self.stored[id(t)] = (weakref.ref(t), version, rec_id)
         if where is not None:
-            self._remember(where, rec_id)
+            self.by_storage[where] = (self.stats.epoch, rec_id)
         if self.pending_bytes >= self.opts.buffer_bytes:
             self.flush()
         return rec_id
-
-    def _remember(self, where: tuple[Any, ...], rec_id: str) -> None:
-        """Note where ``rec_id``'s bytes live; forget freed storages once the table has doubled."""
-        self.by_storage[where] = (self.stats.epoch, rec_id)
-        if len(self.by_storage) > self._prune_at:
-            self.by_storage = {k: v for k, v in self.by_storage.items() if not k[0].expired()}
-            self._prune_at = max(1024, 2 * len(self.by_storage))
 
     @staticmethod
     def write_through(data: torch.Tensor) -> bool:

@@ -12,6 +12,7 @@ import weakref
 from typing import Any
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from hooks import cstats
 
@@ -84,6 +85,37 @@ def unsupported_reason(t: torch.Tensor) -> str | None:
     return f"dtype {t.dtype} has no bundle encoding"
 
 
+def storage_key(data: torch.Tensor) -> tuple[Any, ...] | None:
+    """Where a contiguous non-empty tensor's bytes live: (storage identity, offset, numel, dtype).
+
+    Two tensors with equal keys hold the same elements in the same order, whatever their shapes.
+    ``StorageWeakRef`` compares storages by identity and, while held, keeps a freed storage's
+    identity from being reused: a match is the very same memory, never a recycled address."""
+    if data.numel() == 0 or not data.is_contiguous() or data.device.type == "meta":
+        return None
+    return StorageWeakRef(data.untyped_storage()), data.storage_offset(), data.numel(), data.dtype
+
+
+class StorageMap:
+    """A dict keyed by :func:`storage_key`; entries of freed storages go once it has doubled."""
+
+    def __init__(self) -> None:
+        self._d: dict[tuple[Any, ...], Any] = {}
+        self._limit = 1024
+
+    def get(self, key: tuple[Any, ...]) -> Any:
+        return self._d.get(key)
+
+    def __setitem__(self, key: tuple[Any, ...], value: Any) -> None:
+        self._d[key] = value
+        if len(self._d) > self._limit:
+            self._d = {k: v for k, v in self._d.items() if not k[0].expired()}
+            self._limit = max(1024, 2 * len(self._d))
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+
 class Payload:
     """What is stored for one captured tensor: the bytes' tensor, its tag, dtype, shape, extras."""
 
@@ -135,6 +167,7 @@ class StatsBatch:
     def __init__(self, epochs: bool = False) -> None:
         self._rows: list[torch.Tensor | list[float]] = []
         self._seen: dict[Any, tuple[weakref.ref[torch.Tensor], tuple[Any, ...], int]] = {}
+        self._at = StorageMap()  # with epochs: storage_key -> (epoch, slot)
         self.epochs = epochs
         self.epoch = 0  # bumped by the dispatch mode on every op that writes in place
 
@@ -144,28 +177,33 @@ class StatsBatch:
         ``original=None`` disables matching (the tensor was just written in place)."""
         if values.numel() == 0:
             return None
-        key = self._key(values, original) if original is not None else None
-        if key is not None:
-            prior = self._seen.get(key[0])
-            if prior is not None and prior[0]() is not None and prior[1] == key[2]:
-                return prior[2]
+        where = seen = None
+        if original is not None:
+            t = values if original.dtype != values.dtype else original
+            if self.epochs:
+                where = storage_key(t)
+                hit = self._at.get(where) if where is not None else None
+                if hit is not None and hit[0] == self.epoch:
+                    return hit[1]
+            else:
+                seen = self._version_key(t)
+                prior = self._seen.get(seen[0]) if seen is not None else None
+                if seen is not None and prior is not None and prior[0]() is not None and prior[1] == seen[2]:
+                    return prior[2]
         row = host_stats(values) if values.device.type == "cpu" else device_stats(values)
         self._rows.append(row)
         slot = len(self._rows) - 1
-        if key is not None:
-            self._seen[key[0]] = (weakref.ref(key[1]), key[2], slot)
+        if where is not None:
+            self._at[where] = (self.epoch, slot)
+        elif seen is not None:
+            self._seen[seen[0]] = (weakref.ref(seen[1]), seen[2], slot)
         return slot
 
-    def _key(self, values: torch.Tensor, original: torch.Tensor) -> tuple[Any, torch.Tensor, tuple[Any, ...]] | None:
-        """(lookup key, tensor to hold weakly, state that must match) or None when unmatchable."""
-        t = values if original.dtype != values.dtype else original
-        if not t.is_contiguous():
-            return None
-        if self.epochs:
-            where = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), t.numel(), t.dtype)
-            return where, t, (self.epoch,)
+    @staticmethod
+    def _version_key(t: torch.Tensor) -> tuple[Any, torch.Tensor, tuple[Any, ...]] | None:
+        """Without epochs: (id of the base, base to hold weakly, state that must match) or None."""
         version = version_of(t)
-        if version is None:
+        if version is None or not t.is_contiguous():
             return None
         base = t._base if t._base is not None else t
         return id(base), base, (t.storage_offset(), t.numel(), t.dtype, version)
