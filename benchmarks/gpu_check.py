@@ -1,0 +1,118 @@
+"""GPU check (not a test; issue 3 item 13): ``python benchmarks/gpu_check.py [--device cuda] [--out DIR]``.
+
+Captures the demo decoder (``hooks.demo_model:build``, aten level, full mode) on the CPU in fp32
+as the reference, then on DEVICE in fp32 and in bf16, compares each device capture with the CPU
+one (``accuracy.compare``, propagated mode, default budgets) and prints, as Markdown:
+- one summary row per target: verdict, counts by verdict, the worst op by normalised L2
+  error, the first divergence;
+- the worst ops of each target;
+- whether a summary-mode capture on DEVICE ran without one host sync inside the forward
+  (``torch.cuda.set_sync_debug_mode("error")`` makes any synchronising call raise).
+Bundles and JSON reports go to ``--out`` (default: ``$OUT`` when set, else a temporary folder).
+It takes seconds on a GPU; ``--device cpu`` runs the same steps on the CPU (a dry run).
+
+Only ``hooks/`` and ``accuracy/`` are imported (no service packages). On the lent H200, whose
+image has torch, numpy, scipy, safetensors, rich and pyyaml but not pydantic, carry pydantic's
+wheels (``/work/.library/device/README.md``): here,
+``echo /.whl/ >> .git/info/exclude`` and ``python3 -m pip download --no-deps --only-binary=:all:
+--python-version 3.12 --implementation cp --platform manylinux_2_17_x86_64 --platform
+manylinux2014_x86_64 -d .whl pydantic pydantic-core annotated-types typing-inspection``
+(typing-extensions is there already; keep the versions pydantic's METADATA asks for), then
+``run`` with ``carry=[".whl"]`` and the command
+``python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl &&
+PYTHONPATH=/tmp/site:. python3 benchmarks/gpu_check.py --out $OUT``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from accuracy import report as R  # noqa: E402
+from accuracy.compare import ComparisonReport, compare  # noqa: E402
+from hooks import capture, demo_model  # noqa: E402
+from hooks.runner import run_capture  # noqa: E402
+
+SPEC = "hooks.demo_model:build"
+
+
+def _summary_row(name: str, rep: ComparisonReport) -> str:
+    counts = ", ".join(f"{n} {v}" for v, n in rep.counts.items() if n)
+    scored = [(o.metrics.norm_l2, o) for o in rep.ops if o.metrics is not None]
+    norm, worst = max(scored, key=lambda s: s[0], default=(None, None))
+    worst_txt = f"`{worst.id}` {R.fmt(norm)}" if worst is not None else "-"
+    fd = rep.first_divergence
+    fd_txt = f"`{fd.id}` ({fd.reason})" if fd is not None else "none"
+    return f"| {name} | {rep.verdict} | {counts} | {worst_txt} | {fd_txt} |"
+
+
+def _no_sync_summary(device: str, out: Path) -> str:
+    """Capture a summary on ``device`` with sync debugging set to raise; say what happened."""
+    if not device.startswith("cuda"):
+        return "skipped (not a CUDA device)"
+    model, (ids,) = demo_model.build()
+    model, ids = model.to(device), ids.to(device)
+    with torch.no_grad():
+        model(ids)
+        torch.cuda.synchronize()
+        try:
+            with capture(model, out / "summary-sync.bundle", mode="summary", progress=False) as cap:
+                torch.cuda.set_sync_debug_mode("error")
+                try:
+                    model(ids)
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+        except RuntimeError as e:
+            return f"FAILED: a host sync inside the forward ({e})"
+    records = list(cap.records)
+    return f"ok: {len(records)} records with statistics, no host sync inside the forward"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda", help="device of the targets (default cuda; cpu for a dry run)")
+    ap.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None,
+                    help="folder for bundles and JSON reports (default $OUT, else a temporary folder)")
+    args = ap.parse_args()
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("no CUDA device here: run this on the GPU machine, or pass --device cpu for a dry run", file=sys.stderr)
+        return 2
+    out: Path = args.out or Path(tempfile.mkdtemp(prefix="opband-gpu-check-"))
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+    print(f"# opband GPU check: demo decoder, aten/full, CPU fp32 reference vs {args.device} ({name}), "
+          f"torch {torch.__version__}\n")
+    ref = run_capture(SPEC, out / "ref-fp32-cpu.bundle", device="cpu", variant="fp32", progress=False)
+    rows, details, reports = [], [], {}
+    for variant in ("fp32", "bf16"):
+        tgt = run_capture(SPEC, out / f"tgt-{variant}-{args.device.replace(':', '')}.bundle", device=args.device,
+                          variant=variant, progress=False)
+        rep = compare(ref, tgt)
+        label = f"{variant} on {args.device}"
+        rows.append(_summary_row(label, rep))
+        details.append(f"### {label}: worst ops\n\n{R.to_markdown(rep, limit=10)}")
+        reports[label] = json.loads(R.to_json(rep))
+    print("| target vs fp32 on cpu | verdict | ops by verdict | worst op (norm L2) | first divergence |")
+    print("|---|---|---|---|---|")
+    print("\n".join(rows) + "\n")
+    print("\n".join(details))
+    sync = _no_sync_summary(args.device, out)
+    print(f"summary capture on {args.device}: {sync}")
+    (out / "reports.json").write_text(json.dumps(reports))
+    print(f"\nbundles and reports in {out}; took {time.monotonic() - started:.1f} s")
+    return 1 if sync.startswith("FAILED") else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
