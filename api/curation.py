@@ -5,7 +5,7 @@ from __future__ import annotations
 import fnmatch
 from datetime import UTC, datetime
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 
 from api.db import Database
@@ -97,7 +97,7 @@ def create_deviation(db: Database, project: Project, body: DeviationCreate) -> D
         for reg in s.scalars(select(Regression).where(Regression.project_id == project.id,
                                                       Regression.status.in_(("active", "acknowledged")))):
             if fnmatch.fnmatchcase(reg.key, d.key_pattern) and d.shape_signature in (None, reg.shape_signature):
-                reg.status, reg.updated_at = "accepted", utcnow()
+                reg.status, reg.accepted_by, reg.updated_at = "accepted", d.id, utcnow()
                 matched += 1
         out = DeviationPublic.model_validate(d)
         out.accepted_regressions = matched
@@ -114,11 +114,14 @@ def list_deviations(db: Database, project: Project, include_expired: bool = Fals
 
 
 def delete_deviation(db: Database, project: Project, deviation_id: int) -> None:
+    """Withdraw an acceptance: the regressions it accepted are open ("active") again."""
     with db.session() as s:
-        n = s.execute(delete(AcceptedDeviation).where(AcceptedDeviation.id == deviation_id,
-                                                      AcceptedDeviation.project_id == project.id)).rowcount  # type: ignore[attr-defined]
-    if not n:
-        raise NotFound(f"accepted deviation {deviation_id} does not exist in project {project.name!r}")
+        if s.scalar(select(AcceptedDeviation.id).where(AcceptedDeviation.id == deviation_id,
+                                                       AcceptedDeviation.project_id == project.id)) is None:
+            raise NotFound(f"accepted deviation {deviation_id} does not exist in project {project.name!r}")
+        s.execute(update(Regression).where(Regression.accepted_by == deviation_id, Regression.status == "accepted")
+                  .values(status="active", accepted_by=None, updated_at=utcnow()))
+        s.execute(delete(AcceptedDeviation).where(AcceptedDeviation.id == deviation_id))
 
 
 def set_regression_status(db: Database, regression_id: int, status: str) -> Regression:
@@ -126,5 +129,5 @@ def set_regression_status(db: Database, regression_id: int, status: str) -> Regr
         reg = s.get(Regression, regression_id)
         if reg is None:
             raise NotFound(f"regression {regression_id} does not exist")
-        reg.status, reg.updated_at = status, utcnow()
+        reg.status, reg.accepted_by, reg.updated_at = status, None, utcnow()  # a person's decision: kept
     return reg

@@ -277,7 +277,9 @@ def _series_for(s: Any, project_id: int, target: str, ops: list[accuracy.OpResul
 
 def _update_regressions(s: Any, job: Comparison, report: accuracy.ComparisonReport,
                         series: dict[tuple[str, str, str], Series]) -> None:
-    """Local failures open (or keep) a regression per series; a pass closes it."""
+    """Local failures open (or keep) a regression per series; a pass closes it. A failure that a live
+    accepted deviation matches is "accepted" (crediting that deviation); one whose deviation has
+    expired or was deleted is open ("active") again. A status a person set is kept."""
     now = utcnow()
     deviations = [
         d for d in s.scalars(select(AcceptedDeviation).where(AcceptedDeviation.project_id == job.project_id))
@@ -290,20 +292,22 @@ def _update_regressions(s: Any, job: Comparison, report: accuracy.ComparisonRepo
         reg = by_series.get(ser.id)
         local = not o.inherited and (o.kind != "module" or not has_ops)  # a module only contains its ops' error
         if o.verdict == "fail" and local:
-            accepted = any(fnmatch.fnmatchcase(o.id, d.key_pattern) and d.shape_signature in (None, o.shape_signature)
-                           for d in deviations)
+            match = next((d for d in deviations if fnmatch.fnmatchcase(o.id, d.key_pattern)
+                          and d.shape_signature in (None, o.shape_signature)), None)
             if reg is None:
                 reg = Regression(project_id=job.project_id, series_id=ser.id, key=o.id, op=o.op,
                                  shape_signature=o.shape_signature[:1000], first_comparison_id=job.id,
                                  last_comparison_id=job.id, reason=o.reason, created_at=now, updated_at=now,
-                                 status="accepted" if accepted else "active")
+                                 status="accepted" if match else "active", accepted_by=match.id if match else None)
                 s.add(reg)
                 by_series[ser.id] = reg
             else:
                 if reg.status == "resolved":
                     reg.status, reg.first_comparison_id = "active", job.id
-                if accepted and reg.status == "active":
-                    reg.status = "accepted"
+                if match is not None and (reg.status == "active" or reg.accepted_by is not None):
+                    reg.status, reg.accepted_by = "accepted", match.id
+                elif reg.status == "accepted" and reg.accepted_by is not None:  # its deviation expired: open again
+                    reg.status, reg.accepted_by = "active", None
                 reg.last_comparison_id, reg.reason, reg.updated_at = job.id, o.reason, now
         elif o.verdict == "pass" and reg is not None and reg.status in ("active", "acknowledged"):
             reg.status, reg.last_comparison_id, reg.updated_at = "resolved", job.id, now

@@ -196,5 +196,9 @@ class Regression(Base):
     first_comparison_id: Mapped[str] = mapped_column(ForeignKey("comparisons.id", ondelete="CASCADE"))
     last_comparison_id: Mapped[str] = mapped_column(ForeignKey("comparisons.id", ondelete="CASCADE"))
     reason: Mapped[str] = mapped_column(Text)
+    # the accepted deviation that put it in status "accepted" (None: a person set the status):
+    # when that deviation expires or is deleted, the next failure opens the regression again
+    accepted_by: Mapped[int | None] = mapped_column(
+        ForeignKey("accepted_deviations.id", ondelete="SET NULL", name="fk_regressions_accepted_by"))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -102,6 +102,7 @@ class RegressionPublic(BaseModel):
     reason: str
     first_comparison_id: str
     last_comparison_id: str
+    accepted_by: int | None = None  # the accepted deviation behind status "accepted", if any
     created_at: datetime
     updated_at: datetime
 

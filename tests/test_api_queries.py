@@ -130,3 +130,41 @@ def test_regressions_drift_and_review(live_server: LiveServer, tmp_path: Path) -
         assert diff["same"] >= 4
         assert c.get(f"/api/v1/bundles/{ref}/diff/{ref}").json()["changed"] == []
         assert c.get(f"/api/v1/bundles/{ref}/diff/nope").status_code == 404
+
+
+def test_an_expired_or_withdrawn_deviation_opens_its_regression_again(live_server: LiveServer, tmp_path: Path) -> None:
+    """Accepting through a deviation lasts as long as the deviation: once it expires, the next
+    failure opens the regression again; deleting it opens it at once. A status set by a person
+    stays as set."""
+    import time
+
+    with live_server.client() as c:
+        def reg() -> dict:  # type: ignore[type-arg]
+            data = c.get("/api/v1/projects/x/regressions", params={"status": "active,acknowledged,accepted"}).json()
+            assert data["count"] == 1, data
+            return data["data"][0]  # type: ignore[no-any-return]
+
+        run_pair(c, tmp_path, "x")
+        assert (reg()["status"], reg()["accepted_by"]) == ("active", None)
+        expires = datetime.now(UTC) + timedelta(seconds=3)
+        dev = c.post("/api/v1/projects/x/deviations", json={
+            "key_pattern": "model.layers.2.mlp/*", "reason": "known, until the fix lands", "author": "ana",
+            "expires_at": expires.isoformat()}).json()
+        assert (reg()["status"], reg()["accepted_by"]) == ("accepted", dev["id"])
+        run_pair(c, tmp_path, "x")  # fails again while the deviation lives: still accepted
+        assert (reg()["status"], reg()["accepted_by"]) == ("accepted", dev["id"])
+        time.sleep(max(0.0, (expires - datetime.now(UTC)).total_seconds()) + 0.2)
+        run_pair(c, tmp_path, "x")  # fails after it expired: open again
+        assert (reg()["status"], reg()["accepted_by"]) == ("active", None)
+
+        forever = c.post("/api/v1/projects/x/deviations", json={
+            "key_pattern": "model.layers.2.*", "shape_signature": "64", "reason": "r", "author": "bo"}).json()
+        assert forever["accepted_regressions"] == 1 and reg()["accepted_by"] == forever["id"]
+        assert c.delete(f"/api/v1/projects/x/deviations/{forever['id']}").status_code == 204
+        assert (reg()["status"], reg()["accepted_by"]) == ("active", None)  # withdrawn: open at once
+        assert c.delete(f"/api/v1/projects/x/deviations/{forever['id']}").status_code == 404
+
+        by_hand = c.patch(f"/api/v1/regressions/{reg()['id']}", json={"status": "accepted"}).json()
+        assert (by_hand["status"], by_hand["accepted_by"]) == ("accepted", None)
+        run_pair(c, tmp_path, "x")
+        assert (reg()["status"], reg()["accepted_by"]) == ("accepted", None)  # a person's decision is kept

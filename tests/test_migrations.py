@@ -38,6 +38,41 @@ def test_upgrade_downgrade_upgrade(database_url: str) -> None:
     engine.dispose()
 
 
+def test_0003_credits_existing_accepted_regressions_to_their_deviation(database_url: str) -> None:
+    """Regressions accepted before 0003 name the deviation that matches them, so they open again
+    when it expires; a regression accepted by hand (no deviation matches) stays uncredited."""
+    from sqlalchemy import text
+
+    upgrade(database_url, "0002")
+    engine = make_engine(database_url)
+    now = "2026-01-01 00:00:00"
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO projects (id, name, public, created_at) VALUES (1, 'p', false, :t)"), {"t": now})
+        conn.execute(text("INSERT INTO bundles (id, project_id, sha256, size, storage_key, variant, device, records, "
+                          "run, environment, created_at) VALUES ('b', 1, 'h', 1, 'k', 'fp32', 'cpu', 0, '{}', '{}', :t)"),
+                     {"t": now})
+        conn.execute(text("INSERT INTO comparisons (id, project_id, reference_id, target_id, mode, status, counts, "
+                          "unmatched, attempts, created_at) VALUES ('c', 1, 'b', 'b', 'propagated', 'done', '{}', 0, 0, "
+                          ":t)"), {"t": now})
+        for sid, key in ((1, "m.mlp/aten.mm#0"), (2, "m.attn/aten.mm#0")):
+            conn.execute(text("INSERT INTO series (id, project_id, key, shape_signature, dtype, target, op) "
+                              "VALUES (:i, 1, :k, '64', 'float32', 't', 'aten.mm')"), {"i": sid, "k": key})
+            conn.execute(text("INSERT INTO regressions (project_id, series_id, key, op, shape_signature, status, "
+                              "first_comparison_id, last_comparison_id, reason, created_at, updated_at) VALUES "
+                              "(1, :i, :k, 'aten.mm', '64', 'accepted', 'c', 'c', 'r', :t, :t)"), {"i": sid, "k": key, "t": now})
+        conn.execute(text("INSERT INTO accepted_deviations (id, project_id, key_pattern, reason, author, created_at) "
+                          "VALUES (7, 1, '*.mlp/*', 'r', 'a', :t)"), {"t": now})
+    engine.dispose()
+    upgrade(database_url)
+    engine = make_engine(database_url)
+    with engine.connect() as conn:
+        got = dict(conn.execute(text("SELECT key, accepted_by FROM regressions")).fetchall())
+    engine.dispose()
+    assert got == {"m.mlp/aten.mm#0": 7, "m.attn/aten.mm#0": None}
+    downgrade(database_url, "0002")
+    assert "accepted_by" not in {c["name"] for c in inspect(make_engine(database_url)).get_columns("regressions")}
+
+
 def test_models_match_migrations(database_url: str) -> None:
     """alembic autogenerate finds nothing to add: the models and the migrations describe one schema."""
     upgrade(database_url)
