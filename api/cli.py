@@ -255,12 +255,17 @@ def token_create(
 
 
 @app.command()
-def worker(data_dir: DataDir = Path(".opband")) -> None:
+def worker(
+    data_dir: DataDir = Path(".opband"),
+    metrics_port: Annotated[int | None, typer.Option(
+        help="serve Prometheus /metrics of this worker (jobs run, their durations, jobs by status) on this "
+             "port; 0 picks a free one. Default: OPBAND_WORKER_METRICS_PORT, else off")] = None,
+) -> None:
     """Run comparison jobs from the shared database until interrupted (scale-out workers)."""
     import signal
 
     from api.jobs import run_worker_forever
-    from api.observability import configure_logging
+    from api.observability import configure_logging, serve_worker_metrics
     from api.store import make_store
 
     settings = _settings(data_dir=data_dir)
@@ -269,6 +274,15 @@ def worker(data_dir: DataDir = Path(".opband")) -> None:
     stopping: list[int] = []
     signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))  # finish the job, then exit
     typer.echo(f"opband worker on {db.engine.url.render_as_string(hide_password=True)}", err=True)
+    port = metrics_port if metrics_port is not None else settings.worker_metrics_port
+    if port is not None:
+        try:
+            bound = serve_worker_metrics(db, settings.worker_metrics_host, port)
+        except OSError as e:
+            typer.echo(f"error: cannot serve worker metrics on {settings.worker_metrics_host}:{port}: {e.strerror}. "
+                       "Pick another --metrics-port (0 = any free port)", err=True)
+            raise typer.Exit(2) from None
+        typer.echo(f"worker metrics at http://{settings.worker_metrics_host}:{bound}/metrics", err=True)
     try:
         run_worker_forever(db, make_store(settings.effective_store_url, settings.s3_endpoint_url), settings,
                            should_stop=lambda: bool(stopping), poll_seconds=0.5)

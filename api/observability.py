@@ -76,3 +76,13 @@ class JobsByStatus(Collector):
         for status in ("pending", "running", "done", "failed"):
             family.add_metric([status], rows.get(status, 0))
         yield family
+
+
+def serve_worker_metrics(db: Any, host: str, port: int) -> int:
+    """Serve this process's Prometheus metrics (and ``opband_jobs`` from ``db``) over HTTP on a
+    daemon thread; returns the bound port (``port=0`` picks a free one)."""
+    from prometheus_client import REGISTRY, start_http_server
+
+    REGISTRY.register(JobsByStatus(db))
+    server, _thread = start_http_server(port, addr=host)
+    return int(server.server_address[1])

@@ -43,6 +43,9 @@ class Settings(BaseSettings):
     port: int = 8000
     log_level: str = "info"
     log_format: str = Field(default="json", description="'json' (one object per line) or 'text'")
+    worker_metrics_port: int | None = Field(default=None, ge=0, le=65535, description=(
+        "`opband worker` serves Prometheus /metrics on this port (None: off; 0: any free port)"))
+    worker_metrics_host: str = Field(default="127.0.0.1", description="address the worker's metrics bind to")
 
     @property
     def runs_jobs_in_process(self) -> bool:

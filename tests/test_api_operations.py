@@ -97,3 +97,5 @@ def test_compose_environment_is_valid_settings(compose: dict) -> None:  # type: 
         assert settings.queue == "database" and settings.auth and settings.host == "0.0.0.0"
         assert settings.effective_store_url.startswith("s3://") and settings.s3_endpoint_url
         assert settings.effective_database_url.startswith("postgresql+psycopg://")
+    worker = compose["services"]["worker"]
+    assert worker["environment"]["OPBAND_WORKER_METRICS_PORT"] in [str(p) for p in worker["expose"]]

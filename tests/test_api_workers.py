@@ -137,3 +137,29 @@ def test_deterministic_failure_ends_failed_with_error(api: LiveServer, tmp_path:
         assert c.get(f"/api/v1/comparisons/{job}").json()["attempts"] == 1
         ok = wait_done(c, queue(c, ref, tgt), timeout=60)
         assert ok["status"] == "done", "a failed job must not stop the workers"
+
+
+def test_worker_serves_its_own_metrics(api: LiveServer, tmp_path: Path) -> None:
+    """Jobs run in `opband worker` processes are counted there: each worker serves /metrics."""
+    from api.server import free_port
+
+    port = free_port()
+    proc, log = start_worker(api.data_dir, api.database_url,
+                             {**QUEUE_ENV, "OPBAND_WORKER_METRICS_PORT": str(port)}, log_name="metrics")
+    api.workers.append((proc, log))  # type: ignore[attr-defined]
+    ops = [SynthOp(f"model.layers.{i}") for i in range(3)]
+    with api.client() as c:
+        ref, tgt = pair(c, tmp_path, ops)
+        assert wait_done(c, queue(c, ref, tgt), timeout=60)["status"] == "done"
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+            break
+        except httpx.TransportError:
+            assert time.monotonic() < deadline and proc.poll() is None, log.read_text()[-2000:]
+            time.sleep(0.2)
+    assert 'opband_jobs_finished_total{status="done"} 1.0' in text, text[-3000:]
+    assert 'opband_comparison_duration_seconds_count{status="done"} 1.0' in text
+    assert 'opband_jobs{status="done"} 1.0' in text  # read from the shared table at scrape time
+    assert f"worker metrics at http://127.0.0.1:{port}/metrics" in log.read_text()

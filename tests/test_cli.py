@@ -73,3 +73,14 @@ def test_unwritable_outputs_and_bad_config_exit_2(tmp_path: Path, demo_bundles: 
     assert r.returncode == 2 and "must hold a mapping" in r.stderr
     r = opband("capture", "hooks.demo_model:build", "-o", "/proc/opband-test.bundle", "--device", "cpu")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+
+
+def test_worker_metrics_port_taken_exits_2_with_a_message(tmp_path: Path) -> None:
+    import socket
+
+    assert opband("db", "upgrade", "--data-dir", str(tmp_path)).returncode == 0
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        r = opband("worker", "--data-dir", str(tmp_path), "--metrics-port", str(s.getsockname()[1]), timeout=60)
+    assert r.returncode == 2 and "cannot serve worker metrics" in r.stderr and "--metrics-port" in r.stderr
