@@ -39,18 +39,18 @@ def list_baselines(project: ProjectName, svc: ServicesDep, token: TokenDep) -> P
     return Page(data=rows, count=len(rows))
 
 
-@router.get("/projects/{project}/baselines/{name}", response_model=BaselinePublic)
+@router.get("/projects/{project}/baselines/{name:path}", response_model=BaselinePublic)
 def get_baseline(project: ProjectName, name: str, svc: ServicesDep, token: TokenDep) -> BaselinePublic:
     return curation.get_baseline(svc.db, read_project(svc, project, token), name)
 
 
-@router.post("/projects/{project}/baselines/{name}/comparisons", response_model=BaselinePublic)
+@router.post("/projects/{project}/baselines/{name:path}/comparisons", response_model=BaselinePublic)
 def promote(project: ProjectName, name: str, body: BaselinePromote, svc: ServicesDep, token: TokenDep) -> BaselinePublic:
     """Accept a finished comparison into the baseline ``name``."""
     return curation.promote(svc.db, write_project(svc, project, token), name, body.comparison, body.force)
 
 
-@router.delete("/projects/{project}/baselines/{name}", status_code=204)
+@router.delete("/projects/{project}/baselines/{name:path}", status_code=204)
 def delete_baseline(project: ProjectName, name: str, svc: ServicesDep, token: TokenDep) -> Response:
     curation.delete_baseline(svc.db, write_project(svc, project, token), name)
     return Response(status_code=204)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 T = TypeVar("T")
 
@@ -131,8 +131,17 @@ class ProjectUpdate(BaseModel):
 
 class BaselineCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
-                      description="e.g. the branch name: main, release-2.4 (no '/')")
+    name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*$",
+                      description="e.g. the branch name: main, release/2.4, feature/int8-kv (segments joined by "
+                                  "'/', each starting with a letter or digit)")
+
+    @field_validator("name")
+    @classmethod
+    def _not_a_route(cls, v: str) -> str:
+        if v.rsplit("/", 1)[-1] == "comparisons" or ".." in v:
+            raise ValueError("a baseline name may not contain '..' or end in '/comparisons' (that is the route "
+                             "that promotes comparisons into it)")
+        return v
 
 
 class BaselinePromote(BaseModel):

@@ -122,6 +122,18 @@ def test_regressions_drift_and_review(live_server: LiveServer, tmp_path: Path) -
         assert c.get("/api/v1/projects/r/baselines/main").status_code == 404
         assert c.get("/api/v1/projects/r/baselines").json()["count"] == 0
 
+        # branch names with '/' (release/2.4), also %2F-encoded; '..' and a '/comparisons' tail refused
+        assert c.post("/api/v1/projects/r/baselines", json={"name": "release/2.4"}).status_code == 201
+        got = c.post("/api/v1/projects/r/baselines/release/2.4/comparisons", json={"comparison": cmp["id"], "force": True})
+        assert got.status_code == 200 and got.json() == {**got.json(), "name": "release/2.4", "comparisons": [cmp["id"]]}
+        assert c.get("/api/v1/projects/r/baselines/release%2F2.4").json()["comparisons"] == [cmp["id"]]
+        assert c.get("/api/v1/projects/r/baselines/release").status_code == 404
+        for bad in ("release/../main", "x/comparisons", "a//b", "a/", "/a"):
+            r = c.post("/api/v1/projects/r/baselines", json={"name": bad})
+            assert r.status_code == 422 and r.json()["detail"], (bad, r.text)
+        assert c.delete("/api/v1/projects/r/baselines/release/2.4").status_code == 204
+        assert c.get("/api/v1/projects/r/baselines").json()["count"] == 0
+
         # environment diff
         diff = c.get(f"/api/v1/bundles/{ref}/diff/{tgt}").json()
         changed = {d["field"]: (d["a"], d["b"]) for d in diff["changed"]}
