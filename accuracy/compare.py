@@ -25,7 +25,7 @@ from accuracy.divergence import dataflow, mark_first_divergence
 from accuracy.manifest import Record, shape_signature
 from accuracy.metrics import Metrics, compare_arrays, compare_discrete, compare_stats, is_float_dtype
 from accuracy.verdicts import (
-    VERDICT_ORDER, judge_bands, judge_budget, judge_golden, judge_nonfinite_history, worst_verdict,
+    TABLE_ORDER, VERDICT_ORDER, judge_bands, judge_budget, judge_golden, judge_nonfinite_history, worst_verdict,
 )
 
 MODES = ("propagated", "replay", "golden")
@@ -107,7 +107,7 @@ class ComparisonReport:
         return self.verdict != "fail"
 
     def worst_first(self) -> list[OpResult]:
-        return sorted(self.ops, key=lambda o: (-VERDICT_ORDER.index(o.verdict), o.inherited, -o.severity, o.index))
+        return sorted(self.ops, key=lambda o: (-TABLE_ORDER.index(o.verdict), o.inherited, -o.severity, o.index))
 
 
 def target_name(b: Bundle) -> str:

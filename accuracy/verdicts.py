@@ -13,6 +13,10 @@ from accuracy.budgets import GOLDEN_RATIO, WARN_FACTOR, Budget
 from accuracy.metrics import Metrics
 
 VERDICT_ORDER = ("pass", "new", "missing", "warn", "fail")
+#: How tables rank ops, best to worst: a comparison's verdict is still the worst by VERDICT_ORDER,
+#: but target-only ops ("new": e.g. the casts a bf16 run adds) carry no error, so worst-first
+#: tables list out-of-band, missing and measured ops before them.
+TABLE_ORDER = ("new", "pass", "missing", "warn", "fail")
 LABELS = {"norm_l2": "norm L2 err", "max_rel": "max rel err", "max_abs": "max abs err", "mean_rel": "mean rel err",
           "rmse": "RMSE", "ulp_max": "max ULP err", "p99.9": "p99.9 abs err", "p99": "p99 abs err"}
 

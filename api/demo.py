@@ -47,7 +47,7 @@ def run_demo(data_dir: Path, *, port: int = 0, keep_serving: bool = False, targe
             if c["status"] != "done":
                 echo(f"FAILED | comparison of {variant} could not run: {c['error']}")
                 return 2
-            ops = client.ops(c["id"], limit=10, sort="severity", order="desc")["data"]
+            ops = client.ops(c["id"], limit=10, sort="worst", order="desc")["data"]
             title = "fp32 with a fast-sigmoid SiLU bug in layer 2" if variant == BUG_TARGET else variant
             echo(f"\n[4/4] {title} vs fp32 — worst ops")
             echo(gate_table(c, ops, limit=10))

@@ -98,7 +98,7 @@ def all_ops(client: Client, comparison_id: str, page: int = 1000) -> list[dict[s
     """Every op result of a comparison, worst first, fetched page by page."""
     ops: list[dict[str, Any]] = []
     while True:
-        batch = client.ops(comparison_id, limit=page, offset=len(ops), sort="severity", order="desc")
+        batch = client.ops(comparison_id, limit=page, offset=len(ops), sort="worst", order="desc")
         ops += batch["data"]
         if not batch["data"] or len(ops) >= batch["count"]:
             return ops

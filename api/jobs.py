@@ -31,6 +31,7 @@ from api.models import (
     AcceptedDeviation, Baseline, BaselineMember, Comparison, OpResultRow, Project, Regression, Series, utcnow,
 )
 from api.observability import JOB_SECONDS, JOBS_FINISHED
+from api.schemas import SEVERITY_INF
 from api.settings import Settings
 from api.store import BlobStore
 
@@ -211,6 +212,14 @@ def _finite(x: Any) -> float | None:
     return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
 
 
+def _severity(x: float) -> float | None:
+    """A severity for the database: +inf (a NaN/Inf outcome, a shape mismatch) becomes
+    ``SEVERITY_INF``, so "worst first" puts those failures first; NaN is unknown (NULL)."""
+    if math.isnan(x):
+        return None
+    return SEVERITY_INF if x >= SEVERITY_INF else max(x, -SEVERITY_INF)
+
+
 def persist_report(db: Database, job_id: str, report: accuracy.ComparisonReport, name: str) -> str:
     """Write the per-op results, drift series and regressions of a finished comparison.
 
@@ -234,7 +243,7 @@ def persist_report(db: Database, job_id: str, report: accuracy.ComparisonReport,
                 comparison_id=job_id, series_id=series[(o.id, o.shape_signature, o.dtype)].id,
                 key=o.id, output=o.output, op=o.op, module=o.module, kind=o.kind, index=o.index,
                 shape_signature=o.shape_signature[:1000], dtype=o.dtype, verdict=o.verdict, reason=o.reason,
-                inherited=o.inherited, severity=_finite(o.severity),
+                inherited=o.inherited, severity=_severity(o.severity),
                 norm_l2=_finite(m.norm_l2) if m is not None else None,
                 max_abs=_finite(m.max_abs) if m is not None else None,
                 max_rel=_finite(m.max_rel) if m is not None else None,
@@ -267,7 +276,7 @@ def _series_for(s: Any, project_id: int, target: str, ops: list[accuracy.OpResul
                                      dtype=o.dtype, target=target)
             s.add(existing[ident])
         out[(o.id, o.shape_signature, o.dtype)] = existing[ident]
-        sev = _finite(o.severity)
+        sev = _severity(o.severity)
         ser = existing[ident]
         if sev is not None and (ser.worst_severity is None or sev > ser.worst_severity):
             ser.worst_severity = sev

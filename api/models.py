@@ -202,3 +202,12 @@ class Regression(Base):
         ForeignKey("accepted_deviations.id", ondelete="SET NULL", name="fk_regressions_accepted_by"))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    series: Mapped[Series] = relationship(lazy="joined")  # loaded with the row: its dtype and target
+
+    @property
+    def dtype(self) -> str:
+        return self.series.dtype
+
+    @property
+    def target(self) -> str:
+        return self.series.target

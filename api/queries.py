@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from sqlalchemy import Select, func, select
+from sqlalchemy import Select, case, func, select
 
 from api.db import Database
 from api.errors import InvalidInput, NotFound
+from accuracy.verdicts import TABLE_ORDER
 from api.models import BundleRow, Comparison, OpResultRow, Project, Regression, Series
 from api.schemas import BundleDiff, DriftPoint, DriftSeries, EnvironmentChange
 
@@ -17,8 +18,22 @@ METRIC_COLUMNS = {
 }
 #: which budget entry bounds each metric (the band drawn under a drift line)
 BAND_OF_METRIC = {"norm_l2": "norm_l2", "cosine": "cosine_min"}
-SORTS = METRIC_COLUMNS | {"index": OpResultRow.index, "key": OpResultRow.key}
+SORTS = METRIC_COLUMNS | {"index": OpResultRow.index, "key": OpResultRow.key, "worst": OpResultRow.severity}
 VERDICTS = ("pass", "warn", "fail", "new", "missing")
+REGRESSION_STATUSES = ("active", "acknowledged", "accepted", "resolved")
+COMPARISON_STATUSES = ("pending", "running", "done", "failed")
+#: ``sort=worst``: the order of the offline table (accuracy ComparisonReport.worst_first): verdict
+#: (fail, warn, missing, pass, new: TABLE_ORDER), local before inherited, then severity
+_VERDICT_RANK = case({v: i for i, v in enumerate(TABLE_ORDER)}, value=OpResultRow.verdict, else_=-1)
+
+
+def _statuses(value: str, allowed: tuple[str, ...], what: str) -> list[str]:
+    """``a,b`` -> ["a", "b"], each one of ``allowed``; a 422 naming the unknown ones otherwise."""
+    wanted = [v for v in value.split(",") if v]
+    bad = [v for v in wanted if v not in allowed]
+    if bad or not wanted:
+        raise InvalidInput(f"unknown {what} status(es) {bad or [value]}; use any of {list(allowed)}, comma-separated")
+    return wanted
 
 T = TypeVar("T")
 
@@ -66,14 +81,14 @@ def list_comparisons(db: Database, project: Project, limit: int, offset: int,
                      status: str | None = None) -> tuple[list[Comparison], int]:
     q = select(Comparison).where(Comparison.project_id == project.id)
     if status:
-        q = q.where(Comparison.status == status)
+        q = q.where(Comparison.status.in_(_statuses(status, COMPARISON_STATUSES, "comparison")))
     return _page(db, q.order_by(Comparison.created_at.desc()), limit, offset)
 
 
 def op_results(
     db: Database, comparison_id: str, *, op: str | None = None, module: str | None = None,
     shape: str | None = None, verdict: str | None = None, metric: str | None = None,
-    min_value: float | None = None, max_value: float | None = None, sort: str = "severity",
+    min_value: float | None = None, max_value: float | None = None, sort: str = "worst",
     order: str = "desc", limit: int = 50, offset: int = 0, with_metrics: bool = True,
 ) -> tuple[list[OpResultRow], int]:
     """Per-op results of one comparison, filtered by op, module glob, input shapes, verdict, metric range."""
@@ -103,15 +118,28 @@ def op_results(
     if order not in ("asc", "desc"):
         raise InvalidInput("order must be 'asc' or 'desc'")
     col = SORTS[sort]
-    q = q.order_by(col.desc().nulls_last() if order == "desc" else col.asc().nulls_last(), OpResultRow.index)
+    if sort == "worst":  # desc: worst first, as the offline table; asc: the reverse
+        keys = [_VERDICT_RANK.desc(), OpResultRow.inherited.asc(), col.desc().nulls_last(), OpResultRow.index.asc()]
+        if order == "asc":
+            keys = [_VERDICT_RANK.asc(), OpResultRow.inherited.desc(), col.asc().nulls_first(), OpResultRow.index.desc()]
+        q = q.order_by(*keys)
+    else:
+        q = q.order_by(col.desc().nulls_last() if order == "desc" else col.asc().nulls_last(), OpResultRow.index)
     return _page(db, q, limit, offset)
 
 
 def regressions(db: Database, project: Project, status: str | None, op: str | None, shape: str | None,
-                limit: int, offset: int) -> tuple[list[Regression], int]:
+                limit: int, offset: int, target: str | None = None, dtype: str | None = None,
+                ) -> tuple[list[Regression], int]:
     q = select(Regression).where(Regression.project_id == project.id)
     if status:
-        q = q.where(Regression.status.in_(status.split(",")))
+        q = q.where(Regression.status.in_(_statuses(status, REGRESSION_STATUSES, "regression")))
+    if target or dtype:
+        q = q.join(Series, Series.id == Regression.series_id)
+        if target:
+            q = q.where(Series.target == target)
+        if dtype:
+            q = q.where(Series.dtype == dtype)
     if op:
         q = q.where(Regression.op == op)
     if shape:

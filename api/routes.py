@@ -175,7 +175,7 @@ def comparison_ops(
     shape: Annotated[str | None, Query(description="input shape signature, e.g. 64x128,128x128")] = None,
     verdict: Annotated[str | None, Query(description="comma-separated verdicts")] = None,
     metric: str | None = None, min: float | None = None, max: float | None = None,  # noqa: A002
-    sort: str = "severity", order: str = "desc", limit: Limit = 50, offset: Offset = 0,
+    sort: str = "worst", order: str = "desc", limit: Limit = 50, offset: Offset = 0,
     metrics: bool = False,
 ) -> Page[OpResultPublic]:
     """Per-op results, worst first by default."""
@@ -193,8 +193,13 @@ def comparison_ops(
 @router.get("/projects/{project}/regressions", response_model=Page[RegressionPublic])
 def list_regressions(project: ProjectName, svc: ServicesDep, token: TokenDep,
                      status: Annotated[str | None, Query(description="comma-separated: active,acknowledged,accepted,resolved")] = "active",
-                     op: str | None = None, shape: str | None = None, limit: Limit = 50, offset: Offset = 0) -> Page[RegressionPublic]:
-    rows, count = queries.regressions(svc.db, read_project(svc, project, token), status, op, shape, limit, offset)
+                     op: str | None = None, shape: str | None = None,
+                     target: Annotated[str | None, Query(description="variant@device, e.g. bf16@cpu")] = None,
+                     dtype: Annotated[str | None, Query(description="the target's output dtype, e.g. bfloat16")] = None,
+                     limit: Limit = 50, offset: Offset = 0) -> Page[RegressionPublic]:
+    """Ops out of band, one row per (op key, input shapes, dtype, target), most recently updated first."""
+    rows, count = queries.regressions(svc.db, read_project(svc, project, token), status, op, shape, limit, offset,
+                                      target=target, dtype=dtype)
     return Page(data=[RegressionPublic.model_validate(r) for r in rows], count=count)
 
 

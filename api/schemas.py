@@ -70,6 +70,10 @@ class ComparisonPublic(BaseModel):
     target_device: str | None = None
 
 
+#: Stored in place of an infinite severity, so that SQL sorts such failures first (not as NULL, last).
+SEVERITY_INF = 1e300
+
+
 class OpResultPublic(BaseModel):
     model_config = ConfigDict(from_attributes=True)
     key: str
@@ -82,7 +86,8 @@ class OpResultPublic(BaseModel):
     verdict: str
     reason: str
     inherited: bool
-    severity: float | None
+    severity: float | str | None = Field(description='value / limit of the worst metric; "inf" for a non-finite '
+                                                     "outcome (NaN/Inf where the reference is finite, shape mismatch)")
     norm_l2: float | None
     max_abs: float | None
     max_rel: float | None
@@ -90,6 +95,11 @@ class OpResultPublic(BaseModel):
     snr_db: float | None
     metrics: dict[str, Any] | None = None
     budget: dict[str, Any] | None = None
+
+    @field_validator("severity", mode="before")
+    @classmethod
+    def _infinite(cls, v: Any) -> Any:
+        return "inf" if isinstance(v, (int, float)) and v >= SEVERITY_INF else v
 
 
 class RegressionPublic(BaseModel):
@@ -102,6 +112,8 @@ class RegressionPublic(BaseModel):
     reason: str
     first_comparison_id: str
     last_comparison_id: str
+    dtype: str
+    target: str = Field(description="variant@device of the target side, e.g. bf16@cpu")
     accepted_by: int | None = None  # the accepted deviation behind status "accepted", if any
     created_at: datetime
     updated_at: datetime

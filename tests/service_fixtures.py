@@ -141,6 +141,7 @@ class SynthOp:
     op: str = "aten.mm"
     shape: tuple[int, ...] = (64,)
     noise: float = 0.0
+    nan: bool = False  # the target's first element is NaN where the reference is finite
 
 
 def write_bundle(path: Path, ops: list[SynthOp], *, target: bool = False, variant: str = "fp32",
@@ -163,6 +164,8 @@ def write_bundle(path: Path, ops: list[SynthOp], *, target: bool = False, varian
             values = np.random.default_rng(1000 + i).standard_normal(o.shape).astype(np.float32)
             if target and o.noise:
                 values = values + (o.noise * rng.standard_normal(o.shape)).astype(np.float32)
+            if target and o.nan:
+                values.reshape(-1)[0] = np.nan
             ordinal = ordinals.get((o.module, o.op), 0)
             ordinals[(o.module, o.op)] = ordinal + 1
             name = f"t{i}"

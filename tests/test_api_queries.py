@@ -180,3 +180,42 @@ def test_an_expired_or_withdrawn_deviation_opens_its_regression_again(live_serve
         assert (by_hand["status"], by_hand["accepted_by"]) == ("accepted", None)
         run_pair(c, tmp_path, "x")
         assert (reg()["status"], reg()["accepted_by"]) == ("accepted", None)  # a person's decision is kept
+
+
+def test_non_finite_failures_sort_first_and_regressions_name_their_target(live_server: LiveServer, tmp_path: Path) -> None:
+    """A NaN output fails with an infinite severity: worst first puts it before finite failures
+    (it was stored as NULL and sorted last, so the gate's table could leave out the only NaN)."""
+    ops = [SynthOp(f"m.l{i}", noise=0.3 if i in (1, 4) else 0.0, nan=i == 7) for i in range(10)]
+    with live_server.client() as c:
+        ref = upload_bytes(c, "n", write_bundle(tmp_path / "ref.bundle", ops).read_bytes()).json()["id"]
+        tgt = upload_bytes(c, "n", write_bundle(tmp_path / "tgt.bundle", ops, target=True, variant="bf16")
+                           .read_bytes()).json()["id"]
+        cmp = wait_done(c, c.post("/api/v1/projects/n/comparisons", json={"reference": ref, "target": tgt}).json()["id"])
+        assert cmp["counts"]["fail"] == 3, cmp
+        worst = ops_of(c, cmp["id"])  # the offline order: the local first divergence, then the inherited by severity
+        assert [(o["key"], o["inherited"], o["severity"] == "inf") for o in worst[:3]] == [
+            ("m.l1/aten.mm#0", False, False), ("m.l7/aten.mm#0", True, True), ("m.l4/aten.mm#0", True, False)]
+        assert [o["verdict"] for o in worst[:3]] == ["fail"] * 3 and worst[3]["verdict"] == "pass"
+        assert all(isinstance(o["severity"], float) for o in worst if o["key"] != "m.l7/aten.mm#0")
+        by_severity = ops_of(c, cmp["id"], sort="severity")
+        assert by_severity[0]["key"] == "m.l7/aten.mm#0"
+        reverse = ops_of(c, cmp["id"], order="asc")
+        assert [o["key"] for o in reverse] == [o["key"] for o in worst][::-1]
+        drift = c.get("/api/v1/projects/n/drift", params={"series": 1}).json()
+        assert drift[0]["key"] == "m.l7/aten.mm#0", "the worst series is the NaN one"
+
+        regs = c.get("/api/v1/projects/n/regressions").json()
+        assert regs["count"] == 1 and {(r["target"], r["dtype"]) for r in regs["data"]} == {("bf16@cpu", "float32")}
+        assert c.get("/api/v1/projects/n/regressions", params={"target": "bf16@cpu"}).json()["count"] == 1
+        assert c.get("/api/v1/projects/n/regressions", params={"target": "int8@npu"}).json()["count"] == 0
+        assert c.get("/api/v1/projects/n/regressions", params={"dtype": "bfloat16"}).json()["count"] == 0
+        for path in ("/api/v1/projects/n/regressions", "/api/v1/projects/n/comparisons"):
+            r = c.get(path, params={"status": "bogus"})
+            assert r.status_code == 422 and "bogus" in r.json()["detail"] and "use any of" in r.json()["detail"], r.text
+        assert c.get("/api/v1/projects/n/comparisons", params={"status": "done,failed"}).json()["count"] == 1
+
+
+def ops_of(c: httpx.Client, cid: str, **params: object) -> list[dict]:  # type: ignore[type-arg]
+    r = c.get(f"/api/v1/comparisons/{cid}/ops", params={"limit": 100, **params})
+    assert r.status_code == 200, r.text
+    return r.json()["data"]  # type: ignore[no-any-return]

@@ -53,7 +53,7 @@ async function loadComparisons() {
 async function selectComparison(id) {
   state.comparison = id;
   document.querySelectorAll("#comparisons tbody tr").forEach((tr) => tr.classList.toggle("selected", tr.dataset.id === id));
-  const { data, count } = await api(`/comparisons/${id}/ops?limit=15&sort=severity&order=desc`);
+  const { data, count } = await api(`/comparisons/${id}/ops?limit=15&sort=worst&order=desc`);
   $("#ops-title").textContent = `(${data.length} of ${count})`;
   $("#ops tbody").innerHTML = data.map((o) => `<tr><td>${badge(o.verdict)}${o.inherited ? " inherited" : ""}</td>
     <td><code>${esc(o.key)}</code></td><td>${esc(o.shape_signature)}</td><td>${esc(o.dtype)}</td>
