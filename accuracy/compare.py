@@ -140,8 +140,10 @@ def compare(
     gold = _open(golden) if golden is not None else None
     if mode == "golden" and gold is None:
         if not is_golden(ref):
-            raise ValueError("mode='golden' needs golden=<bundle of fp64 recomputations with the reference's record "
-                             "keys>, or a golden bundle (hooks replay golden=True) as the reference")
+            raise OpbandError(
+                f"golden mode needs a float64 recomputation of the reference: the reference ({ref.path.name}, "
+                f"variant {ref.manifest.variant}) is not one. Make it with `opband capture SPEC --replay REF "
+                "--golden -o GOLD.bundle` and compare GOLD.bundle against the target (Python: golden=GOLD.bundle)")
         gold, ref = ref, _original_reference(ref)
     policy = budgets if isinstance(budgets, BudgetPolicy) else BudgetPolicy.from_config(budgets)
     hist = History.load(history) if history is not None else None

@@ -35,6 +35,23 @@ class Mode(str, Enum):
     golden = "golden"
 
 
+class Level(str, Enum):
+    module = "module"
+    api = "api"
+    aten = "aten"
+
+
+class CaptureMode(str, Enum):
+    full = "full"
+    summary = "summary"
+
+
+MODE_HELP = ("propagated: two end-to-end runs (errors flow downstream; later failures are marked inherited); "
+             "replay: the target is `opband capture --replay REF` (each op on the reference's inputs: every failure "
+             "is local); golden: REF is a `--replay REF --golden` fp64 bundle, each op judged by its error against "
+             "float64 relative to the reference's own")
+
+
 def _fail(message: str, code: int = 2) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
@@ -46,24 +63,30 @@ def capture(
     out: Annotated[Path, typer.Option("-o", "--out", help="bundle file to write")],
     device: Annotated[Optional[str], typer.Option(help="cpu, cuda, npu ... (default: best available)")] = None,
     variant: Annotated[Variant, typer.Option(help="precision/quantization of the target run")] = Variant.fp32,
-    level: Annotated[str, typer.Option(help="module (forward hooks), api (torch functions) or aten (every ATen op)")] = "aten",
-    mode: Annotated[str, typer.Option(help="full (tensors) or summary (on-device statistics only)")] = "full",
+    level: Annotated[Level, typer.Option(help="module (forward hooks), api (torch functions) or aten (every ATen op)")] = Level.aten,
+    mode: Annotated[CaptureMode, typer.Option(help="full (tensors) or summary (on-device statistics only)")] = CaptureMode.full,
     seed: Annotated[int, typer.Option(help="torch.manual_seed before building the model")] = 0,
     modules: Annotated[Optional[list[str]], typer.Option("--module", help="module path glob to keep (repeatable)")] = None,
     ops: Annotated[Optional[list[str]], typer.Option("--op", help="op name glob to keep (repeatable)")] = None,
     max_bytes: Annotated[Optional[int], typer.Option(help="past this many tensor bytes keep summaries only")] = None,
-    inputs: Annotated[bool, typer.Option("--inputs", help="also record op inputs (needed to --replay this bundle)")] = False,
+    inputs: Annotated[bool, typer.Option("--inputs", metavar="", help="also record op inputs (needed to --replay this bundle)")] = False,
     replay: Annotated[Optional[Path], typer.Option(help="re-run each op of this reference bundle (captured with --inputs) alone")] = None,
-    golden: Annotated[bool, typer.Option("--golden", help="with --replay: recompute each op in float64 on cpu")] = False,
+    golden: Annotated[bool, typer.Option("--golden", metavar="", help="with --replay: recompute each op in float64 on cpu")] = False,
 ) -> None:
     """Run the SPEC's model once under capture and write a bundle (or --replay a reference's ops)."""
     from hooks.runner import run_capture
     from hooks.spec import SpecError
 
+    from accuracy.errors import OpbandError
+
+    if golden and replay is None:
+        _fail("--golden recomputes a reference's ops in float64: give the reference with --replay REF_BUNDLE")
     try:
-        path = run_capture(spec, out, device=device, variant=variant.value, level=level, mode=mode, seed=seed,
-                           modules=modules, ops=ops, max_bytes=max_bytes, replay=replay, golden=golden,
+        path = run_capture(spec, out, device=device, variant=variant.value, level=level.value, mode=mode.value,
+                           seed=seed, modules=modules, ops=ops, max_bytes=max_bytes, replay=replay, golden=golden,
                            **({"inputs": True} if inputs else {}))
+    except OpbandError as e:
+        _fail(f"--replay {replay}: {e}" if replay is not None else str(e))
     except (SpecError, ValueError) as e:
         _fail(str(e))
     except OSError as e:
@@ -79,7 +102,7 @@ def capture(
 def compare(
     reference: Annotated[Path, typer.Argument(help="reference bundle (e.g. the GPU fp32 run)")],
     target: Annotated[Path, typer.Argument(help="target bundle (NPU / CPU / bf16 / int8 ...)")],
-    mode: Annotated[Mode, typer.Option(help="propagated: two end-to-end runs")] = Mode.propagated,
+    mode: Annotated[Mode, typer.Option(help=MODE_HELP)] = Mode.propagated,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write the JSON report here")] = None,
     markdown: Annotated[Optional[Path], typer.Option(help="write a Markdown report here")] = None,
     html: Annotated[Optional[Path], typer.Option(help="write a standalone HTML report here")] = None,
@@ -195,8 +218,8 @@ def gate(
     project: Annotated[str, typer.Option(help="project name")],
     reference: Annotated[Path, typer.Option(help="reference bundle")],
     target: Annotated[Path, typer.Option(help="target bundle")],
-    token: Annotated[Optional[str], typer.Option(envvar="OPBAND_TOKEN")] = None,
-    mode: Annotated[Mode, typer.Option()] = Mode.propagated,
+    token: Annotated[Optional[str], typer.Option(envvar="OPBAND_TOKEN", help="project write token (when the server has auth on)")] = None,
+    mode: Annotated[Mode, typer.Option(help=MODE_HELP)] = Mode.propagated,
     timeout: Annotated[float, typer.Option(help="seconds to wait for the comparison")] = 600.0,
     junit: Annotated[Optional[Path], typer.Option(help="write JUnit XML (one testcase per op)")] = None,
     markdown: Annotated[Optional[Path], typer.Option(help="write a Markdown summary (for PR comments)")] = None,
@@ -219,7 +242,7 @@ def gate(
 
 @app.command()
 def demo(
-    serve: Annotated[bool, typer.Option("--serve", help="keep the server and dashboard up afterwards")] = False,
+    serve: Annotated[bool, typer.Option("--serve", metavar="", help="keep the server and dashboard up afterwards")] = False,
     data_dir: DataDir = Path(".opband/demo"),
     port: Annotated[int, typer.Option(help="0 picks a free port")] = 0,
     targets: Annotated[str, typer.Option(help="comma-separated targets: variants, and fp32-bug (an injected kernel bug)")] = "bf16,int8,fp32-bug",
@@ -243,7 +266,7 @@ def db_upgrade(data_dir: DataDir = Path(".opband"), revision: str = "head") -> N
 @token_app.command("create")
 def token_create(
     project: Annotated[str, typer.Option(help="project the token is for (created if missing)")],
-    read_only: Annotated[bool, typer.Option("--read-only", help="may read, not write")] = False,
+    read_only: Annotated[bool, typer.Option("--read-only", metavar="", help="may read, not write")] = False,
     name: Annotated[Optional[str], typer.Option(help="a label to recognise it by")] = None,
     data_dir: DataDir = Path(".opband"),
 ) -> None:

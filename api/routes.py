@@ -148,6 +148,12 @@ def create_comparison(project: ProjectName, body: ComparisonCreate, svc: Service
             raise InvalidInput(f"{side} bundle {bid!r} does not exist: upload it first") from None
         if b.project_id != proj.id:
             raise InvalidInput(f"{side} bundle {bid!r} belongs to another project")
+        run = b.run or {}
+        if side == "reference" and body.mode == "golden" and not (run.get("golden") or
+                                                                   str(run.get("variant", "")).endswith("golden")):
+            raise InvalidInput(f"mode golden needs a float64 recomputation of the reference as the reference, and "
+                               f"bundle {bid} is a {run.get('variant', '?')} capture: upload the bundle of "
+                               "`opband capture SPEC --replay REF --golden` and compare it with the target")
     with svc.db.session() as s:
         c = Comparison(id=uuid.uuid4().hex, project_id=proj.id, reference_id=body.reference,
                        target_id=body.target, mode=body.mode, status="pending")

@@ -83,8 +83,11 @@ def test_missing_golden_record_falls_back_to_the_reference(tmp_path: Path, golde
 
 def test_golden_mode_needs_a_golden(tmp_path: Path, golden: dict[str, np.ndarray]) -> None:
     ref = _side(tmp_path, "ref", golden, {}, 1)
-    with pytest.raises(ValueError, match="golden="):
+    from accuracy.errors import OpbandError
+
+    with pytest.raises(OpbandError, match="--replay REF --golden") as e:
         accuracy.compare(ref, ref, mode="golden")
+    assert "not one" in str(e.value) and "golden=GOLD.bundle" in str(e.value)
 
 
 def test_golden_bundle_as_the_reference(tmp_path: Path, golden: dict[str, np.ndarray]) -> None:

@@ -219,3 +219,11 @@ def ops_of(c: httpx.Client, cid: str, **params: object) -> list[dict]:  # type: 
     r = c.get(f"/api/v1/comparisons/{cid}/ops", params={"limit": 100, **params})
     assert r.status_code == 200, r.text
     return r.json()["data"]  # type: ignore[no-any-return]
+
+
+def test_golden_mode_needs_a_golden_reference(live_server: LiveServer, tmp_path: Path) -> None:
+    with live_server.client() as c:
+        ref, tgt, _ = run_pair(c, tmp_path, "g")
+        r = c.post("/api/v1/projects/g/comparisons", json={"reference": ref, "target": tgt, "mode": "golden"})
+        assert r.status_code == 422 and "--replay REF --golden" in r.json()["detail"], r.text
+        assert c.get("/api/v1/projects/g/comparisons").json()["count"] == 1, "nothing queued"

@@ -84,3 +84,20 @@ def test_worker_metrics_port_taken_exits_2_with_a_message(tmp_path: Path) -> Non
         s.listen()
         r = opband("worker", "--data-dir", str(tmp_path), "--metrics-port", str(s.getsockname()[1]), timeout=60)
     assert r.returncode == 2 and "cannot serve worker metrics" in r.stderr and "--metrics-port" in r.stderr
+
+
+def test_replay_of_a_missing_or_broken_bundle_exits_2(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.bundle"
+    junk.write_bytes(b"junk!")
+    for ref, says in ((tmp_path / "nope.bundle", "cannot read bundle"), (junk, "8-byte header")):
+        r = opband("capture", "hooks.demo_model:build", "-o", str(tmp_path / "x.bundle"), "--replay", str(ref))
+        assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, r.stderr[-1500:]
+    r = opband("capture", "hooks.demo_model:build", "-o", str(tmp_path / "x.bundle"), "--golden")
+    assert r.returncode == 2 and "--replay REF_BUNDLE" in r.stderr
+
+
+def test_capture_help_shows_flags_as_flags_and_the_choices() -> None:
+    out = opband("capture", "--help", timeout=60).stdout
+    flags = [line for line in out.splitlines() if line.strip("│ ").startswith(("--inputs", "--golden"))]
+    assert len(flags) == 2 and not any("<bool>" in line for line in flags), flags
+    assert "<module|api|aten>" in out and "<full|summary>" in out
