@@ -112,13 +112,21 @@ def headline(report: ComparisonReport) -> str:
     fd = report.first_divergence
     if fd is not None:
         line += f"\n{'FAILED' if fd.verdict == 'fail' else 'WARNING'} | first divergence: {fd.id} " \
-                f"(op {fd.op}, module {fd.module or '<root>'}, input shapes {fd.shape_signature}) | {fd.reason}"
+                f"({op_words(fd.key, fd.op)}, module {fd.module or '<root>'}, input shapes {fd.shape_signature}) " \
+                f"| {fd.reason}"
         if report.mode == "propagated":
             line += "\nNote: later failures marked 'inherited' carry this op's error downstream; " \
                     "re-run with `opband capture --replay` to measure each op on its own inputs."
         else:
             line += "\nNote: each op ran on the reference's inputs, so every failure listed is local."
     return line
+
+
+def op_words(key: str, op: str) -> str:
+    """``op aten.mm``, or ``target op aten.mul`` when the target ran another op at that key (a
+    module-level alignment: e.g. a fast-sigmoid SiLU where the reference ran ``aten.silu``)."""
+    named = key.rsplit("/", 1)[-1].split("#", 1)[0]
+    return f"op {op}" if named == op else f"target op {op}"
 
 
 def local_failures(report: ComparisonReport, limit: int = 10) -> list[str]:

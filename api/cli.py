@@ -166,7 +166,10 @@ def _settings(**overrides: object):  # type: ignore[no-untyped-def]
 
 
 def _open_db(settings):  # type: ignore[no-untyped-def]
-    """The settings' database, refusing (exit 2, with what to run) one that is not at the schema head."""
+    """The settings' database, refusing (exit 2, with what to do) one that cannot be reached or is
+    not at the schema head."""
+    from sqlalchemy.exc import DBAPIError
+
     from api.db import Database, SchemaOutOfDate, check_schema
 
     db = Database(settings)
@@ -174,7 +177,23 @@ def _open_db(settings):  # type: ignore[no-untyped-def]
         check_schema(db.engine)
     except SchemaOutOfDate as e:
         _fail(str(e))
+    except DBAPIError as e:
+        where = db.engine.url.render_as_string(hide_password=True)
+        first = str(e.orig or e).strip().splitlines()[0][:300]
+        _fail(f"cannot reach the database {where}: {first}. Is it running, and is OPBAND_DATABASE_URL right?")
     return db
+
+
+def _check_port_free(host: str, port: int) -> None:
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT is no conflict
+        try:
+            sock.bind((host, port))
+        except OSError as e:
+            _fail(f"cannot listen on {host}:{port}: {e.strerror}. Another `opband serve` may hold it: "
+                  "pick another --port")
 
 
 @app.command()
@@ -184,15 +203,18 @@ def serve(
     data_dir: DataDir = Path(".opband"),
 ) -> None:
     """Run the service (API + dashboard at /) on embedded defaults: SQLite + a blob folder."""
-    from api.db import SchemaOutOfDate
+    from api.db import upgrade
     from api.server import serve as run
 
     settings = _settings(host=host, port=port, data_dir=data_dir)
-    typer.echo(f"opband serving on http://{host}:{port}/ (data in {settings.data_dir})")
-    try:
-        run(settings)
-    except SchemaOutOfDate as e:
-        _fail(str(e))
+    _check_port_free(host, port)
+    if settings.effective_database_url.startswith("sqlite"):  # the embedded default migrates itself
+        upgrade(settings.effective_database_url)
+    db = _open_db(settings)  # reachable and at the schema head, or exit 2 saying what to do
+    database = db.engine.url.render_as_string(hide_password=True)
+    db.dispose()
+    typer.echo(f"opband serving on http://{host}:{port}/ (database {database}, blobs {settings.effective_store_url})")
+    run(settings, migrate=False)
 
 
 @app.command()

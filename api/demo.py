@@ -49,19 +49,22 @@ def run_demo(data_dir: Path, *, port: int = 0, keep_serving: bool = False, targe
                 return 2
             ops = client.ops(c["id"], limit=10, sort="worst", order="desc")["data"]
             title = "fp32 with a fast-sigmoid SiLU bug in layer 2" if variant == BUG_TARGET else variant
-            echo(f"\n[4/4] {title} vs fp32 — worst ops")
+            echo(f"\n[4/4] compared on the server: {title} vs fp32, worst ops")
             echo(gate_table(c, ops, limit=10))
             worst_code = max(worst_code, 1 if c["verdict"] == "fail" else 0)
         regressions = client.regressions(PROJECT)
         echo(f"\nregressions flagged: {regressions['count']}"
              + "".join(f"\n  {r['key']} (input shapes {r['shape_signature']}): {r['reason']}" for r in regressions["data"]))
-        echo(f"\ndashboard: {server.url}/?project={PROJECT}   (demo took {time.monotonic() - started:.1f}s)")
+        took = f"demo took {time.monotonic() - started:.1f}s"
         if keep_serving:
-            echo("serving until Ctrl-C ...")
+            echo(f"\ndashboard: {server.url}/?project={PROJECT}   ({took}; serving until Ctrl-C)")
             try:
                 while True:
                     time.sleep(1)
             except KeyboardInterrupt:
                 pass
         client.close()
+    if not keep_serving:
+        echo(f"\n{took}. The server has stopped; to browse the drift dashboard run `opband demo --serve`, or "
+             f"`opband serve --data-dir {data_dir}` and open /?project={PROJECT}")
     return 0

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
-from accuracy.report import fmt
+from accuracy.report import fmt, op_words
 from api.client import Client
 
 EXIT_PASS, EXIT_FAIL, EXIT_ERROR = 0, 1, 2
@@ -40,7 +40,8 @@ def gate_headline(c: dict[str, Any]) -> str:
     line = f"{word} | comparison {c['id']} | {verdict} | {counts}"
     fd = c.get("first_divergence")
     if fd:
-        line += f"\nFAILED | first divergence: {fd['key']} (op {fd['op']}, input shapes {fd['shape_signature']}) | {fd['reason']}"
+        line += (f"\nFAILED | first divergence: {fd['key']} ({op_words(fd['key'], fd['op'])}, input shapes "
+                 f"{fd['shape_signature']}) | {fd['reason']}")
     return line
 
 
