@@ -18,6 +18,8 @@ class ClientError(RuntimeError):
 class Client:
     def __init__(self, server: str, token: str | None = None, timeout: float = 60.0) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        if not server.startswith(("http://", "https://")):
+            raise ClientError(f"server URL {server!r} needs its scheme, e.g. http://{server.lstrip('/') or '127.0.0.1:8000'}")
         self.server = server.rstrip("/")
         self.http = httpx.Client(base_url=self.server + "/api/v1", headers=headers, timeout=timeout)
 
@@ -37,7 +39,10 @@ class Client:
     def upload(self, project: str, bundle: str | os.PathLike[str]) -> dict[str, Any]:
         """Stream a bundle file to the server; returns the bundle record (same bytes = same id)."""
         path = Path(bundle)
-        size = path.stat().st_size
+        try:
+            size = path.stat().st_size
+        except OSError as e:
+            raise ClientError(f"cannot read bundle {path}: {e.strerror}; capture one with `opband capture`") from e
 
         def body() -> Iterator[bytes]:
             with open(path, "rb") as f:

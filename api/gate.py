@@ -70,8 +70,12 @@ def markdown_summary(c: dict[str, Any], ops: list[dict[str, Any]], limit: int = 
 
 def run_gate(server: str, project: str, reference: Path, target: Path, *, token: str | None = None,
              mode: str = "propagated", timeout: float = 600.0, junit: Path | None = None,
-             markdown: Path | None = None, echo: Any = print) -> int:
-    """Upload both bundles, compare, print the worst ops; return the exit code."""
+             markdown: Path | None = None, echo: Any = print, echo_err: Any = None) -> int:
+    """Upload both bundles, compare, print the worst ops; return the exit code (errors go to
+    ``echo_err``, default stderr)."""
+    import sys
+
+    echo_err = echo_err or (lambda line: print(line, file=sys.stderr))
     client = Client(server, token)
     try:
         ref = client.upload(project, reference)
@@ -90,7 +94,7 @@ def run_gate(server: str, project: str, reference: Path, target: Path, *, token:
         if markdown:
             markdown.write_text(markdown_summary(c, ops))
     except OSError as e:
-        echo(f"error: cannot write a gate report: {e}; check that its folder exists and is writable")
+        echo_err(f"error: cannot write a gate report: {e}; check that its folder exists and is writable")
         return EXIT_ERROR
     return EXIT_FAIL if c["verdict"] == "fail" else EXIT_PASS
 

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any, Generic, Literal, TypeVar
+from datetime import UTC, datetime
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 T = TypeVar("T")
+
+
+def _utc(v: datetime) -> datetime:
+    """SQLite hands back naive datetimes (stored in UTC): every reply says so, as PostgreSQL's do."""
+    return v.replace(tzinfo=UTC) if v.tzinfo is None else v.astimezone(UTC)
+
+
+#: A timestamp in replies: always timezone-aware UTC, serialized as ``2026-12-01T10:37:55Z``.
+Timestamp = Annotated[datetime, AfterValidator(_utc)]
 
 
 class Page(BaseModel, Generic[T]):
@@ -19,7 +28,7 @@ class ProjectPublic(BaseModel):
     model_config = ConfigDict(from_attributes=True)
     name: str
     public: bool
-    created_at: datetime
+    created_at: Timestamp
 
 
 class BundlePublic(BaseModel):
@@ -35,7 +44,7 @@ class BundlePublic(BaseModel):
     git_commit: str | None
     git_branch: str | None
     records: int
-    created_at: datetime
+    created_at: Timestamp
 
 
 class BundleDetail(BundlePublic):
@@ -63,9 +72,9 @@ class ComparisonPublic(BaseModel):
     unmatched: int
     error: str | None
     attempts: int
-    created_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
+    created_at: Timestamp
+    started_at: Timestamp | None
+    finished_at: Timestamp | None
     target_variant: str | None = None
     target_device: str | None = None
 
@@ -115,13 +124,13 @@ class RegressionPublic(BaseModel):
     dtype: str
     target: str = Field(description="variant@device of the target side, e.g. bf16@cpu")
     accepted_by: int | None = None  # the accepted deviation behind status "accepted", if any
-    created_at: datetime
-    updated_at: datetime
+    created_at: Timestamp
+    updated_at: Timestamp
 
 
 class DriftPoint(BaseModel):
     comparison_id: str
-    created_at: datetime
+    created_at: Timestamp
     value: float | None
     verdict: str
     budget: float | None
@@ -164,7 +173,7 @@ class BaselinePromote(BaseModel):
 
 class BaselinePublic(BaseModel):
     name: str
-    created_at: datetime
+    created_at: Timestamp
     comparisons: list[str]
 
 
@@ -184,8 +193,8 @@ class DeviationPublic(BaseModel):
     shape_signature: str | None
     reason: str
     author: str
-    expires_at: datetime | None
-    created_at: datetime
+    expires_at: Timestamp | None
+    created_at: Timestamp
     accepted_regressions: int = 0
 
 

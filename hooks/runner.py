@@ -20,7 +20,12 @@ def check_device(device: str) -> None:
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError, ValueError) as e:
-        raise ValueError(f"invalid device {device!r}: {e}") from e
+        kind = device.split(":", 1)[0]
+        if kind == "npu":
+            raise ValueError("device npu needs Ascend's torch_npu installed (`import torch_npu` registers it); "
+                             "pass --device cpu to capture here") from e
+        raise ValueError(f"invalid device {device!r}: torch knows no device type {kind!r}. Use cpu, cuda, cuda:N, "
+                         "mps, xpu, or an out-of-tree backend whose package is installed (npu: torch_npu)") from e
     if dev.type in ("cpu", "meta"):
         return
     mod = devices.backend_module(dev.type)

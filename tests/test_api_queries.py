@@ -227,3 +227,11 @@ def test_golden_mode_needs_a_golden_reference(live_server: LiveServer, tmp_path:
         r = c.post("/api/v1/projects/g/comparisons", json={"reference": ref, "target": tgt, "mode": "golden"})
         assert r.status_code == 422 and "--replay REF --golden" in r.json()["detail"], r.text
         assert c.get("/api/v1/projects/g/comparisons").json()["count"] == 1, "nothing queued"
+
+
+def test_timestamps_are_utc_in_every_reply(live_server: LiveServer, tmp_path: Path) -> None:
+    with live_server.client() as c:
+        posted = upload_bytes(c, "t", write_bundle(tmp_path / "a.bundle", OPS).read_bytes()).json()
+        got = c.get(f"/api/v1/bundles/{posted['id']}").json()
+        listed = c.get("/api/v1/projects/t/bundles").json()["data"][0]
+        assert posted["created_at"].endswith("Z") and got["created_at"] == posted["created_at"] == listed["created_at"]

@@ -101,3 +101,13 @@ def test_capture_help_shows_flags_as_flags_and_the_choices() -> None:
     flags = [line for line in out.splitlines() if line.strip("│ ").startswith(("--inputs", "--golden"))]
     assert len(flags) == 2 and not any("<bool>" in line for line in flags), flags
     assert "<module|api|aten>" in out and "<full|summary>" in out
+
+
+def test_upload_and_capture_input_mistakes_say_what_to_do(tmp_path: Path) -> None:
+    r = opband("upload", str(tmp_path / "none.bundle"), "--server", "http://127.0.0.1:9", "--project", "p", timeout=60)
+    assert r.returncode == 2 and "cannot read bundle" in r.stderr and "opband capture" in r.stderr
+    (tmp_path / "a.bundle").write_bytes(b"x")
+    r = opband("upload", str(tmp_path / "a.bundle"), "--server", "127.0.0.1:9", "--project", "p", timeout=60)
+    assert r.returncode == 2 and "needs its scheme, e.g. http://127.0.0.1:9" in r.stderr
+    r = opband("capture", "hooks.demo_model:build", "-o", str(tmp_path / "x.bundle"), "--device", "npu")
+    assert r.returncode == 2 and "torch_npu" in r.stderr and "Expected one of" not in r.stderr, r.stderr
