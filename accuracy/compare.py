@@ -149,7 +149,11 @@ def compare(
     hist = History.load(history) if history is not None else None
     cfg = band_config or BandConfig()
     tname = target_id or target_name(tgt)
-    pairs, unmatched = align(ref.records, tgt.records)
+    replayed = bool(tgt.manifest.run.get("replay_of") or tgt.manifest.run.get("replay"))
+    ref_records = ref.records
+    if replayed:  # a replay re-runs the reference's ATen ops only: its module records have no counterpart
+        ref_records = [r for r in ref.records if r.kind == "aten"]
+    pairs, unmatched = align(ref_records, tgt.records)
     if not pairs:
         raise OpbandError(
             f"nothing to compare: the reference holds {len(ref.records)} records and the target "
@@ -164,7 +168,6 @@ def compare(
             progress(i + 1, len(pairs))
     _apply_fdr(results, cfg)
     results += [_unmatched_result(u) for u in unmatched]
-    replayed = bool(tgt.manifest.run.get("replay_of") or tgt.manifest.run.get("replay"))
     local_everywhere = mode == "replay" or (mode == "golden" and replayed)
     # results are keyed by the reference's record ids; a sequence-aligned pair has another id in the
     # target, so the target's graph is translated before it is read

@@ -114,11 +114,16 @@ def headline(report: ComparisonReport) -> str:
         line += f"\n{'FAILED' if fd.verdict == 'fail' else 'WARNING'} | first divergence: {fd.id} " \
                 f"({op_words(fd.key, fd.op)}, module {fd.module or '<root>'}, input shapes {fd.shape_signature}) " \
                 f"| {fd.reason}"
+        run = report.target.get("run") or {}
         if report.mode == "propagated":
             line += "\nNote: later failures marked 'inherited' carry this op's error downstream; " \
                     "re-run with `opband capture --replay` to measure each op on its own inputs."
-        else:
+        elif run.get("replay_of") or run.get("replay"):
             line += "\nNote: each op ran on the reference's inputs, so every failure listed is local."
+        else:
+            line += "\nNote: every failure is judged as local, but the target is an end-to-end run, so an op's " \
+                    "error includes what reached it from upstream; `opband capture --replay REF` measures each " \
+                    "op on the reference's inputs."
     return line
 
 

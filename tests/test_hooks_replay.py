@@ -46,6 +46,13 @@ def test_bf16_replay_casts_inputs(reference: Path, tmp_path: Path) -> None:
     assert not np.array_equal(got, want)
     np.testing.assert_allclose(got, want, rtol=0.05, atol=0.05 * np.abs(want).max())
     assert rep.manifest.run["variant"] == "bf16" and rep.manifest.run["spec"] == "hooks.demo_model:build"
+    import accuracy
+    from accuracy.report import headline
+
+    report = accuracy.compare(ref, rep, mode="replay")  # each op's own bf16 error, all local
+    assert not [u for u in report.unmatched if u.record.kind == "module"], "module records are not replayed"
+    assert report.verdict == "pass" and report.unmatched == [] and len(report.ops) > 150
+    assert headline(report).startswith("PASSED | pass |")  # every bf16 op within its own (replay) budget
 
 
 def test_golden_is_float64_on_cpu(reference: Path, tmp_path: Path) -> None:
