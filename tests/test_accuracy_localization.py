@@ -145,6 +145,9 @@ def test_replay_mode_marks_every_failure_local(refs: dict[str, Path], tmp_path: 
                            mode="replay")
     assert rep.first_divergence is not None and rep.first_divergence.module == "model.layers.2.mlp.act"
     assert not any(o.inherited for o in rep.ops)
+    from accuracy.report import headline
+
+    assert "the target is an end-to-end run" in headline(rep)  # not a replay: upstream error is in each op's
 
 
 def test_summary_bundles_localize_too(tmp_path: Path) -> None:
