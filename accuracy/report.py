@@ -162,11 +162,10 @@ def to_text(report: ComparisonReport, limit: int | None = 20, width: int = 160) 
     rows = report.worst_first()
     for o in rows[:limit] if limit else rows:
         verdict = o.verdict.upper() + (" (inherited)" if o.inherited else "")
-        table.add_row(
-            verdict, o.id, o.shape_signature, o.dtype,
-            *[fmt(_metric(o, m)) for m in TABLE_METRICS],
-            fmt(limit_of(o)),
-        )
+        cells = [fmt(_metric(o, m)) for m in TABLE_METRICS]
+        if o.metrics is not None and not o.metrics.finite_outcome:  # the metrics cover the finite part only
+            cells[0] = "NaN/Inf"
+        table.add_row(verdict, o.id, o.shape_signature, o.dtype, *cells, fmt(limit_of(o)))
     buf = StringIO()
     console = Console(file=buf, width=width, force_terminal=False, no_color=True)
     console.print(table)

@@ -25,7 +25,8 @@ def gate_table(comparison: dict[str, Any], ops: list[dict[str, Any]], limit: int
     for o in ops[:limit]:
         budget = (o.get("budget") or {}).get("norm_l2")
         table.add_row(o["verdict"].upper() + (" (inherited)" if o["inherited"] else ""), o["key"], o["shape_signature"],
-                      o["dtype"], fmt(o["norm_l2"]), fmt(o["max_abs"]), fmt(o["cosine"]), fmt(budget))
+                      o["dtype"], "NaN/Inf" if o.get("nonfinite") else fmt(o["norm_l2"]), fmt(o["max_abs"]),
+                      fmt(o["cosine"]), fmt(budget))
     buf = StringIO()
     console = Console(file=buf, width=160, no_color=True)
     console.print(table)

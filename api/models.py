@@ -147,6 +147,12 @@ class OpResultRow(Base):
     budget: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
+    @property
+    def nonfinite(self) -> bool:
+        """NaN/Inf where the reference differs: the finite-part metrics then understate the error."""
+        m = self.metrics or {}
+        return bool(m.get("nan_mismatch") or m.get("inf_mismatch") or m.get("nan_where_ref_finite"))
+
 
 class Baseline(Base):
     """A named set of accepted comparisons (e.g. per branch) that bands are learned from."""

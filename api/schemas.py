@@ -102,6 +102,8 @@ class OpResultPublic(BaseModel):
     max_rel: float | None
     cosine: float | None
     snr_db: float | None
+    nonfinite: bool = Field(default=False, description="NaN/Inf where the reference differs (the metrics above "
+                                                        "cover the elements finite on both sides)")
     metrics: dict[str, Any] | None = None
     budget: dict[str, Any] | None = None
 
