@@ -20,6 +20,10 @@ _NO_NUMBER_API = frozenset(op.removeprefix("aten.") for op in NO_NUMBER_OPS) | {
 }
 
 
+#: torch.distributed's op namespaces: treated as writes (see AtenMode._mutable)
+COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional"})
+
+
 def _quiet() -> Any:
     """While the recorder itself works in a module or gradient hook: no Python dispatch, so the
     ``aten`` level's own mode does not see (and pay ~10 us for) each op the recorder runs; it
@@ -83,14 +87,19 @@ class AtenMode(TorchDispatchMode):
         return module, name, key, ordinal, in_tensors, input_names, mutates
 
     def _mutable(self, func: Any) -> bool:
+        """Whether the op may write into existing memory. Collectives count too: c10d's in-place ones
+        (``allreduce_``, ``broadcast_`` …) declare no mutation in their schemas, and their results
+        land asynchronously."""
         m = self._mutates.get(func)
         if m is None:
-            m = self._mutates[func] = bool(func._schema.is_mutable)
+            m = self._mutates[func] = bool(func._schema.is_mutable) or func.namespace in COLLECTIVE_NAMESPACES
         return m
 
     def _classify(self, func: Any) -> tuple[str, bool]:
         name = str(func.overloadpacket)
         skip = self.recorder.opts.skip_no_number_ops and (name in NO_NUMBER_OPS or bool(getattr(func, "is_view", False)))
+        if func.namespace in COLLECTIVE_NAMESPACES and not name.endswith("wait_tensor"):
+            skip = True  # its result lands asynchronously, after the op returns: recorded by the enclosing module
         self._names[func] = (name, skip)
         return name, skip
 

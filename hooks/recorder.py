@@ -70,7 +70,7 @@ class Recorder:
         # between an op's output and a reshaped alias of it (a bias-free Linear's module output is
         # ``_unsafe_view`` of its ``mm``). Needs the dispatch mode's epochs (every in-place write
         # seen); off with ``inputs``, whose names must keep each input's own shape for replay.
-        self.by_storage = StorageMap()  # storage_key -> (epoch, tensor name)
+        self.by_storage = StorageMap()  # (*storage_key, tag) -> (epoch, tensor name, statistics slot)
         self._share_views = opts.level == "aten" and not opts.inputs
         self.step = 0
         self.active = opts.steps is None or 0 in opts.steps
@@ -157,7 +157,7 @@ class Recorder:
             return
         payload = stored_payload(t)
         slot = self.stats.add(payload.values, None if mutated else t)
-        name = (self._store(rec_id, t, payload, reuse=not mutated, share=self._share_views and not mutated)
+        name = (self._store(rec_id, t, payload, reuse=not mutated, share=self._share_views and not mutated, slot=slot)
                 if self.opts.mode == "full" else None)
         self.records.append({  # a Record's fields; validated once, in finish()
             "key": key, "output": out_i, "module": module, "op": op, "ordinal": ordinal, "kind": kind,
@@ -167,22 +167,26 @@ class Recorder:
         })
         self.stats_of.append(slot)
 
-    def _store(self, rec_id: str, t: torch.Tensor, payload: Any, reuse: bool = True, share: bool = False) -> str | None:
+    def _store(self, rec_id: str, t: torch.Tensor, payload: Any, reuse: bool = True, share: bool = False,
+               slot: int | None = None) -> str | None:
         """Queue a host copy of the payload; reuse an identical tensor stored earlier.
 
         ``reuse``: the same tensor object at the same version was stored already. ``share``: also
-        reuse a tensor stored from the same memory (same storage, offset, element count and dtype,
-        both contiguous, no in-place write since), which may have another shape (bundle format 1.1).
+        reuse a tensor stored from the same memory (same storage, offset, element count, dtype and
+        tag, both contiguous, no in-place write since, and its statistics row ``slot`` reused after
+        :meth:`StatsBatch._unchanged` re-read sampled elements), which may have another shape
+        (bundle format 1.1). CPU only: on an accelerator that re-read would sync the device.
         """
         version = version_of(t)
         prior = self.stored.get(id(t)) if reuse and version is not None else None
         if prior is not None and prior[0]() is t and prior[1] == version:
             return prior[2]
         data = payload.tensor
-        where = storage_key(data) if share else None
+        key = storage_key(data) if share and data.device.type == "cpu" else None
+        where = (*key, payload.tag) if key is not None else None
         if where is not None:
             hit = self.by_storage.get(where)
-            if hit is not None and hit[0] == self.stats.epoch:
+            if hit is not None and hit[0] == self.stats.epoch and hit[2] == slot and slot is not None:
                 return hit[1]
         nbytes = data.numel() * data.element_size()
         if self.opts.max_bytes is not None and self.tensor_bytes + nbytes > self.opts.max_bytes:
@@ -195,10 +199,10 @@ class Recorder:
         else:
             self.pending.append((rec_id, devices.copy_to_host(data), payload.tag))
             self.pending_bytes += nbytes
-        if version is not None:
+        if version is not None and reuse:  # a written-to output's version is bumped after the op (or never)
             self.stored[id(t)] = (weakref.ref(t), version, rec_id)
         if where is not None:
-            self.by_storage[where] = (self.stats.epoch, rec_id)
+            self.by_storage[where] = (self.stats.epoch, rec_id, slot)
         if self.pending_bytes >= self.opts.buffer_bytes:
             self.flush()
         return rec_id

@@ -183,7 +183,7 @@ class StatsBatch:
             if self.epochs:
                 where = storage_key(t)
                 hit = self._at.get(where) if where is not None else None
-                if hit is not None and hit[0] == self.epoch:
+                if hit is not None and hit[0] == self.epoch and self._unchanged(values, hit[1]):
                     return hit[1]
             else:
                 seen = self._version_key(t)
@@ -198,6 +198,20 @@ class StatsBatch:
         elif seen is not None:
             self._seen[seen[0]] = (weakref.ref(seen[1]), seen[2], slot)
         return slot
+
+    def _unchanged(self, values: torch.Tensor, slot: int) -> bool:
+        """A host row's sampled elements still hold their values in ``values``: a guard against
+        writes the dispatch mode never sees (a raw Triton/C kernel or numpy writing through the
+        data pointer). Device rows are trusted (checking would sync the device)."""
+        row = self._rows[slot]
+        if not isinstance(row, list):
+            return True
+        n = values.numel()
+        idx = _sample_index(n, values.device)
+        flat = values.reshape(-1)
+        live = flat.index_select(0, idx).to(torch.float64).tolist()
+        stored = row[len(STAT_FIELDS):][: len(live)]
+        return int(row[0]) == n and all(a == b or (a != a and b != b) for a, b in zip(live, stored, strict=True))
 
     @staticmethod
     def _version_key(t: torch.Tensor) -> tuple[Any, torch.Tensor, tuple[Any, ...]] | None:

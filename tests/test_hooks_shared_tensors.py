@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
@@ -132,3 +133,128 @@ def test_a_large_model_bundle_shrinks_by_the_shared_outputs(tmp_path: Path) -> N
     assert stored < 0.85 * named  # every projection's module output would otherwise be a second copy
     for r in reshaped:
         assert _values(b, r.id).shape == tuple(r.shape)
+
+
+class Reinterpret(nn.Module):
+    """The inner module's output viewed as another dtype of the same width (bf16 <-> int16, fp8 as
+    uint8 for communication): the same bytes, another record dtype and tag."""
+
+    def __init__(self, src: torch.dtype, dst: torch.dtype) -> None:
+        super().__init__()
+        self.inner = _Cast(src)
+        self.dst = dst
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x).view(self.dst)
+
+
+class _Cast(nn.Module):
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.dtype = dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x * 2).to(self.dtype)
+
+
+@pytest.mark.parametrize(("src", "dst"), [(torch.bfloat16, torch.int16), (torch.int16, torch.bfloat16),
+                                          (torch.float8_e4m3fn, torch.float8_e5m2), (torch.float8_e4m3fn, torch.uint8)])
+def test_a_dtype_reinterpreting_view_is_stored_under_its_own_tag(tmp_path: Path, src: torch.dtype,
+                                                                 dst: torch.dtype) -> None:
+    torch.manual_seed(0)
+    model, x = Reinterpret(src, dst), torch.randn(4, 8)
+    out, outs, b = _capture(model, x, tmp_path / "b.bundle")  # opens: every record's tensor has its dtype's tag
+    root = b.record("/forward#0")
+    assert root.dtype == str(dst).removeprefix("torch.") and root.tensor != b.record("inner/forward#0").tensor
+    stored = np.array(b.raw(root.tensor)).tobytes()
+    assert stored == out.contiguous().view(torch.uint8).numpy().tobytes(), "the bytes of the viewed output"
+    assert list(b.tensors[root.tensor].shape) == root.shape
+
+
+def _numpy_kernel_(t: torch.Tensor) -> None:
+    """Stands in for a Triton / C-extension kernel writing through the data pointer: no ATen op,
+    so the dispatch mode sees no write and the version counter does not move."""
+    a = t.detach().numpy()
+    a *= 2.0
+
+
+class RawKernel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.q_proj = nn.Linear(8, 8, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = self.q_proj(x)
+        _numpy_kernel_(q)  # e.g. a fused rotary embedding applied in place
+        return q.reshape(2, 24)
+
+
+def test_a_write_no_op_announces_is_caught_by_the_sample_re_read(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    out, outs, b = _capture(RawKernel(), torch.randn(2, 3, 8), tmp_path / "b.bundle")
+    root = b.record("/forward#0")
+    assert root.tensor != "q_proj/aten.mm#0"  # its bytes changed after mm: stored again
+    assert torch.equal(_values(b, "/forward#0"), out)
+    assert root.stats is not None and abs(root.stats.mean - float(out.double().mean())) < 1e-6
+    assert torch.equal(_values(b, "q_proj/forward#0"), outs["q_proj"]) and not torch.equal(outs["q_proj"].reshape(2, 24), out)
+
+
+_TP_SCRIPT = r"""
+import os, sys, json
+import numpy as np, torch, torch.distributed as dist, torch.multiprocessing as mp
+from hooks import capture
+from accuracy.bundle import Bundle
+
+class RowParallel(torch.nn.Module):  # Megatron's RowParallelLinear: bias-free mm, then an in-place all-reduce
+    def __init__(self):
+        super().__init__(); self.w = torch.nn.Parameter(torch.randn(6, 8))
+    def forward(self, x):
+        y = torch.nn.functional.linear(x, self.w)
+        dist.all_reduce(y)
+        return y
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__(); self.proj = RowParallel()
+    def forward(self, x): return self.proj(x)
+
+def main(rank, port, out):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"; os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    torch.manual_seed(rank)
+    m, x = Net(), torch.randn(2, 3, 8)
+    path = f"{out}/tp_{rank}.bundle"
+    with torch.no_grad(), capture(m, path, level="aten", mode="full", progress=False):
+        y = m(x)
+    b = Bundle.open(path)
+    got = {r.id: np.array(b.record_values(r.id)).ravel()[:4].tolist() for r in b.records if r.tensor}
+    json.dump({"y": y.ravel()[:4].tolist(), "records": got, "skipped": b.manifest.skipped_ops},
+              open(f"{out}/tp_{rank}.json", "w"))
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.spawn(main, args=(int(sys.argv[1]), sys.argv[2]), nprocs=2)
+"""
+
+
+def test_an_in_place_all_reduce_is_not_mistaken_for_the_mm_it_overwrote(tmp_path: Path) -> None:
+    """c10d's in-place collectives declare no mutation and complete asynchronously: the module
+    output after the all-reduce holds the reduced values, not the local mm's."""
+    import json
+    import subprocess
+    import sys
+
+    from api.server import free_port
+
+    script = tmp_path / "tp.py"
+    script.write_text(_TP_SCRIPT)
+    root = Path(__file__).resolve().parent.parent
+    p = subprocess.run([sys.executable, str(script), str(free_port()), str(tmp_path)], capture_output=True,
+                       text=True, timeout=240, cwd=root, env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    assert p.returncode == 0, p.stderr[-3000:]
+    for rank in (0, 1):
+        got = json.loads((tmp_path / f"tp_{rank}.json").read_text())
+        recs = got["records"]
+        assert np.allclose(recs["proj/forward#0"], got["y"]) and np.allclose(recs["/forward#0"], got["y"])
+        assert not np.allclose(recs["proj/aten.mm#0"], got["y"])  # the local partial sum
+        assert "c10d.allreduce_" in got["skipped"] and not any("allreduce" in k for k in recs)
