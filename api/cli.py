@@ -302,7 +302,7 @@ def token_create(
 @app.command()
 def worker(
     data_dir: DataDir = Path(".opband"),
-    metrics_port: Annotated[int | None, typer.Option(
+    metrics_port: Annotated[int | None, typer.Option(min=0, max=65535,
         help="serve Prometheus /metrics of this worker (jobs run, their durations, jobs by status) on this "
              "port; 0 picks a free one. Default: OPBAND_WORKER_METRICS_PORT, else off")] = None,
 ) -> None:

@@ -311,9 +311,12 @@ def _update_regressions(s: Any, job: Comparison, report: accuracy.ComparisonRepo
                 s.add(reg)
                 by_series[ser.id] = reg
             else:
-                if reg.status == "resolved":
+                reopened = reg.status == "resolved"
+                if reopened:
                     reg.status, reg.first_comparison_id = "active", job.id
-                if match is not None and (reg.status == "active" or reg.accepted_by is not None):
+                # a deviation accepts a regression it opens again or already accepted; an "active" one
+                # is left as is (a person may have set it so; new deviations accept open ones on creation)
+                if match is not None and (reopened or reg.accepted_by is not None):
                     reg.status, reg.accepted_by = "accepted", match.id
                 elif reg.status == "accepted" and reg.accepted_by is not None:  # its deviation expired: open again
                     reg.status, reg.accepted_by = "active", None

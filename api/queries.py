@@ -6,11 +6,11 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Select, case, func, select
 
+from accuracy.verdicts import TABLE_ORDER
 from api.db import Database
 from api.errors import InvalidInput, NotFound
-from accuracy.verdicts import TABLE_ORDER
 from api.models import BundleRow, Comparison, OpResultRow, Project, Regression, Series
-from api.schemas import BundleDiff, DriftPoint, DriftSeries, EnvironmentChange
+from api.schemas import SEVERITY_INF, BundleDiff, DriftPoint, DriftSeries, EnvironmentChange
 
 METRIC_COLUMNS = {
     "norm_l2": OpResultRow.norm_l2, "max_abs": OpResultRow.max_abs, "max_rel": OpResultRow.max_rel,
@@ -110,9 +110,9 @@ def op_results(
             raise InvalidInput(f"metric range needs metric= one of {sorted(METRIC_COLUMNS)}")
         col = METRIC_COLUMNS[metric]
         if min_value is not None:
-            q = q.where(col >= min_value)
+            q = q.where(col >= max(min(min_value, SEVERITY_INF), -SEVERITY_INF))  # inf: the stored sentinel
         if max_value is not None:
-            q = q.where(col <= max_value)
+            q = q.where(col <= max(min(max_value, SEVERITY_INF), -SEVERITY_INF))
     if sort not in SORTS:
         raise InvalidInput(f"sort must be one of {sorted(SORTS)}, not {sort!r}")
     if order not in ("asc", "desc"):

@@ -133,9 +133,14 @@ class RegressionPublic(BaseModel):
 class DriftPoint(BaseModel):
     comparison_id: str
     created_at: Timestamp
-    value: float | None
+    value: float | None = Field(description="null where the metric is not finite (see verdict)")
     verdict: str
     budget: float | None
+
+    @field_validator("value", mode="before")
+    @classmethod
+    def _plot_gap(cls, v: Any) -> Any:
+        return None if isinstance(v, (int, float)) and abs(v) >= SEVERITY_INF else v
 
 
 class DriftSeries(BaseModel):

@@ -176,6 +176,14 @@ def test_an_expired_or_withdrawn_deviation_opens_its_regression_again(live_serve
         assert (reg()["status"], reg()["accepted_by"]) == ("active", None)  # withdrawn: open at once
         assert c.delete(f"/api/v1/projects/x/deviations/{forever['id']}").status_code == 404
 
+        again = c.post("/api/v1/projects/x/deviations", json={"key_pattern": "*", "reason": "r", "author": "cy"}).json()
+        assert reg()["accepted_by"] == again["id"]
+        reopened = c.patch(f"/api/v1/regressions/{reg()['id']}", json={"status": "active"}).json()
+        assert (reopened["status"], reopened["accepted_by"]) == ("active", None)
+        run_pair(c, tmp_path, "x")  # fails again, the deviation still matches: a person's "active" stays
+        assert (reg()["status"], reg()["accepted_by"]) == ("active", None)
+        assert c.delete(f"/api/v1/projects/x/deviations/{again['id']}").status_code == 204
+
         by_hand = c.patch(f"/api/v1/regressions/{reg()['id']}", json={"status": "accepted"}).json()
         assert (by_hand["status"], by_hand["accepted_by"]) == ("accepted", None)
         run_pair(c, tmp_path, "x")
@@ -208,6 +216,9 @@ def test_non_finite_failures_sort_first_and_regressions_name_their_target(live_s
         assert [o["key"] for o in reverse] == [o["key"] for o in worst][::-1]
         drift = c.get("/api/v1/projects/n/drift", params={"series": 1}).json()
         assert drift[0]["key"] == "m.l7/aten.mm#0", "the worst series is the NaN one"
+        sev = c.get("/api/v1/projects/n/drift", params={"series": 1, "metric": "severity"}).json()
+        assert sev[0]["points"][0]["value"] is None and sev[0]["points"][0]["verdict"] == "fail"  # a gap, not 1e300
+        assert [o["key"] for o in ops_of(c, cmp["id"], metric="severity", min="inf")] == ["m.l7/aten.mm#0"]
 
         regs = c.get("/api/v1/projects/n/regressions").json()
         assert regs["count"] == 1 and {(r["target"], r["dtype"]) for r in regs["data"]} == {("bf16@cpu", "float32")}
