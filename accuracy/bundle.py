@@ -503,6 +503,8 @@ def _manifest_from_metadata(metadata: Any) -> Manifest:
 
 def _check_manifest_against_tensors(manifest: Manifest, tensors: dict[str, TensorInfo]) -> None:
     seen: set[str] = set()
+    minor = manifest.format_version.split(".")[1]
+    same_shape = minor.isdigit() and int(minor) < 1  # 1.0: a record's tensor has the record's shape
     for record in manifest.records:
         if record.id in seen:
             raise BundleError(f"record {record.id!r} appears twice in the manifest")
@@ -512,6 +514,9 @@ def _check_manifest_against_tensors(manifest: Manifest, tensors: dict[str, Tenso
             if name not in tensors:
                 raise BundleError(f"record {record.id!r} names tensor {name!r}, which the file does not hold")
             stored = list(tensors[name].shape)
+            if same_shape and stored != list(record.shape):
+                raise BundleError(f"record {record.id!r}: shape {record.shape} differs from tensor {name!r} "
+                                  f"{stored} (format 1.0 needs the same shape; 1.1 allows an equal-size reshape)")
             if stored != list(record.shape) and math.prod(stored) != math.prod(record.shape):
                 raise BundleError(f"record {record.id!r}: shape {record.shape} has {math.prod(record.shape)} elements, "
                                   f"tensor {name!r} has shape {stored} ({math.prod(stored)} elements)")

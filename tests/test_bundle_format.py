@@ -224,3 +224,9 @@ def test_a_version_1_0_bundle_still_reads(tmp_path: Path) -> None:
     path = w.close(Manifest.model_validate_json(man))
     b = Bundle.open(path)
     assert b.manifest.format_version == "1.0" and b.record_values("m/aten.mul#0").tolist() == [1.0, 2.0]  # type: ignore[union-attr]
+    reshaped = json.loads(man)
+    reshaped["records"][0]["shape"] = [1, 2]  # an equal-size reshape: valid in 1.1, not in 1.0
+    w = BundleWriter(tmp_path / "old2.bundle")
+    w.add_array("t", np.array([1.0, 2.0], np.float32))
+    with pytest.raises(BundleError, match="format 1.0 needs the same shape"):
+        Bundle.open(w.close(Manifest.model_validate(reshaped)))
