@@ -10,7 +10,7 @@ from torch.overrides import TorchFunctionMode, resolve_name
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from hooks.opcall import NotReplayable, encode_call, op_target
+from hooks.opcall import NotReplayable, encode_call, layouts_of, op_target
 from hooks.recorder import Recorder
 from hooks.tensors import NO_NUMBER_OPS
 
@@ -119,7 +119,8 @@ class AtenMode(TorchDispatchMode):
             rec.diagnose(key, e)
             return None
         names = rec.snapshot_inputs(key, tensors)
-        rec.calls[key] = {"target": op_target(func), **call}
+        rec.calls[key] = {"target": op_target(func), **call, "grad": torch.is_grad_enabled(),
+                          **layouts_of(tensors)}
         return names
 
 

@@ -46,6 +46,39 @@ def encode_call(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[dict[str, 
     return {"args": enc_args, "kwargs": enc_kwargs}, tensors
 
 
+def layouts_of(tensors: Sequence[torch.Tensor]) -> dict[str, Any]:
+    """``{"strides": [...]}`` when an input is laid out otherwise than contiguously without
+    overlapping itself (a transposed weight ``w.t()``, a ``chunk`` of a wider tensor): kernels pick
+    their path by layout (``addmm`` on ``w.t()``, or ``sigmoid_`` on a strided chunk, round
+    differently from the same op on a contiguous copy), so replay rebuilds it. Overlapping inputs
+    (``expand``) replay contiguous; ``{}`` when every input is contiguous."""
+    strides: list[list[int] | None] = []
+    for t in tensors:
+        try:
+            keep = not t.is_contiguous() and not overlaps(tuple(t.shape), tuple(t.stride()))
+        except RuntimeError:  # sparse and other layouts without strides
+            keep = False
+        strides.append(list(t.stride()) if keep else None)
+    return {"strides": strides} if any(s is not None for s in strides) else {}
+
+
+def overlaps(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """Whether two index tuples of this strided layout can reach one memory slot."""
+    reach = 0  # the largest offset the dimensions so far can add
+    for st, sz in sorted((st, sz) for sz, st in zip(shape, stride, strict=True) if sz > 1):
+        if st <= reach:
+            return True
+        reach += st * (sz - 1)
+    return False
+
+
+def strided_like(t: torch.Tensor, stride: Sequence[int]) -> torch.Tensor:
+    """``t``'s values in a tensor with ``stride`` (non-overlapping; gaps zero-filled)."""
+    span = 1 + sum((sz - 1) * st for sz, st in zip(t.shape, stride, strict=True)) if t.numel() else 0
+    buf = torch.zeros(span, dtype=t.dtype, device=t.device)
+    return buf.as_strided(tuple(t.shape), tuple(stride)).copy_(t)
+
+
 def decode_call(call: dict[str, Any], tensors: Sequence[torch.Tensor],
                 device: str | None = None) -> tuple[list[Any], dict[str, Any]]:
     """Inverse of :func:`encode_call` with the loaded input tensors; ``device`` replaces recorded devices."""

@@ -21,7 +21,7 @@ from accuracy.bundle import Bundle
 from accuracy.manifest import Record
 from hooks.capture import CaptureOptions
 from hooks.environment import environment
-from hooks.opcall import decode_call, resolve_target
+from hooks.opcall import decode_call, overlaps, resolve_target, strided_like
 from hooks.recorder import Recorder
 from hooks.variants import _CASTS
 
@@ -76,10 +76,12 @@ def _replay_one(rec: Recorder, ref: Bundle, record: Record, call: dict[str, Any]
     if any(n is None for n in names):
         rec.diagnose(record.key, "not replayed: an input was not stored (byte budget or unsupported tensor)")
         return
+    strides = call.get("strides") or [None] * len(names)
     try:
-        tensors = [_load(ref, n, device, cast) for n in names]
+        tensors = [_load(ref, n, device, cast, st) for n, st in zip(names, strides, strict=True)]
         args, kwargs = decode_call(call, tensors, device)
-        out = resolve_target(call["target"])(*args, **kwargs)
+        with torch.set_grad_enabled(bool(call.get("grad", False))):  # as captured: some kernels differ
+            out = resolve_target(call["target"])(*args, **kwargs)
     except Exception as e:  # noqa: BLE001 - one op failing must not stop the others
         rec.diagnose(record.key, f"replay failed: {type(e).__name__}: {e}")
         return
@@ -88,8 +90,11 @@ def _replay_one(rec: Recorder, ref: Bundle, record: Record, call: dict[str, Any]
     rec.record("aten", record.module, record.op, record.key, record.ordinal, out, tensors)
 
 
-def _load(ref: Bundle, name: str, device: str, cast: torch.dtype | None) -> torch.Tensor:
-    """The stored input as a torch tensor in its recorded dtype, then cast for the target."""
+def _load(ref: Bundle, name: str, device: str, cast: torch.dtype | None,
+          stride: list[int] | None = None) -> torch.Tensor:
+    """The stored input as a torch tensor in its recorded dtype, then cast for the target, laid
+    out with the recorded ``stride`` when the capture noted one (non-overlapping, and spanning at
+    most 64x its elements: a hostile stride must not allocate the machine away)."""
     tag = ref.tensors[name].dtype
     raw = np.array(ref.raw(name))  # copy out of the memory map: ops may write into their inputs
     t = torch.from_numpy(raw)
@@ -98,4 +103,8 @@ def _load(ref: Bundle, name: str, device: str, cast: torch.dtype | None) -> torc
     t = t.to(device)
     if cast is not None and t.is_floating_point():
         t = t.to(cast)
+    if (stride is not None and len(stride) == t.dim() and all(type(x) is int and x >= 0 for x in stride)
+            and not overlaps(tuple(t.shape), tuple(stride))
+            and sum((sz - 1) * st for sz, st in zip(t.shape, stride, strict=True)) < 64 * t.numel() + 4096):
+        t = strided_like(t, stride)
     return t

@@ -137,3 +137,54 @@ def test_replay_and_golden_feed_the_comparison(reference: Path, tmp_path: Path) 
     assert not [u for u in rep.unmatched if u.record.kind == "aten"]  # module records are not replayed
     assert {o.verdict for o in rep.ops if o.kind == "aten"} <= {"pass", "warn", "fail"}
     assert sum(o.kind == "aten" for o in rep.ops) > 150
+
+
+class _Recurrent(torch.nn.Module):
+    """A biased Linear (addmm on the transposed weight), an LSTM and a GRU (its gates are strided
+    chunks written in place): ops whose kernels round by input layout and grad mode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(64, 48)
+        self.rnn = torch.nn.LSTM(48, 32, 2, batch_first=True)
+        self.gru = torch.nn.GRU(32, 16, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y, _ = self.rnn(self.fc(x))
+        y, _ = self.gru(y)
+        return y
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+def test_fp32_replay_is_bitwise_for_strided_inputs_and_either_grad_mode(tmp_path: Path, grad: bool) -> None:
+    """Replay rebuilds each input's layout (w.t(), chunks) and the grad mode the op ran under: on
+    contiguous copies addmm and sigmoid_ round differently, and with grad on mkldnn's LSTM layer
+    returns an extra workspace output."""
+    torch.manual_seed(0)
+    model, x = _Recurrent().eval(), torch.randn(4, 7, 64)
+    path = tmp_path / "ref.bundle"
+    with torch.set_grad_enabled(grad), capture(model, path, inputs=True, progress=False):
+        model(x)
+    ref = Bundle.open(path)
+    calls = ref.manifest.run["calls"]
+    addmm = next(k for k in calls if k.startswith("fc/aten.addmm"))
+    assert calls[addmm]["grad"] is grad and calls[addmm]["strides"][2] == [1, 64]  # w.t() of a [48, 64] weight
+    rep = Bundle.open(replay(path, None, tmp_path / "rep.bundle"))
+    assert {r.id for r in rep.records} == {r.id for r in ref.records if r.kind == "aten"}
+    floats = [r for r in rep.records if r.dtype.startswith("float")]  # not mkldnn's uint8 scratch workspace
+    assert len(floats) > 100
+    for r in floats:
+        np.testing.assert_array_equal(rep.values(r.tensor), ref.values(ref.record(r.id).tensor), err_msg=r.id)
+    assert not rep.manifest.diagnostics
+
+
+def test_layout_rules() -> None:
+    from hooks.opcall import overlaps, strided_like
+
+    assert not overlaps((48, 64), (1, 48)) and not overlaps((4, 16), (64, 1))  # transposed; a chunk with gaps
+    assert overlaps((3, 4), (0, 1)) and overlaps((4, 4), (2, 1))  # expand; rows sharing elements
+    t = torch.arange(12.0).reshape(3, 4)
+    s = strided_like(t, (1, 3))
+    assert s.stride() == (1, 3) and torch.equal(s, t)
+    g = strided_like(t, (10, 2))
+    assert g.stride() == (10, 2) and torch.equal(g, t)
