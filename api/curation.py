@@ -116,8 +116,12 @@ def list_deviations(db: Database, project: Project, include_expired: bool = Fals
 def delete_deviation(db: Database, project: Project, deviation_id: int) -> None:
     """Withdraw an acceptance: the regressions it accepted are open ("active") again."""
     with db.session() as s:
+        # FOR UPDATE: a job crediting this deviation (its FK check takes a key-share lock on the row)
+        # either commits first, and the UPDATE below sees its row, or waits and then fails its FK
+        # check and is retried; so no regression is left "accepted" by a deviation that is gone
         if s.scalar(select(AcceptedDeviation.id).where(AcceptedDeviation.id == deviation_id,
-                                                       AcceptedDeviation.project_id == project.id)) is None:
+                                                       AcceptedDeviation.project_id == project.id)
+                    .with_for_update()) is None:
             raise NotFound(f"accepted deviation {deviation_id} does not exist in project {project.name!r}")
         s.execute(update(Regression).where(Regression.accepted_by == deviation_id, Regression.status == "accepted")
                   .values(status="active", accepted_by=None, updated_at=utcnow()))
