@@ -185,7 +185,11 @@ def compare(
 
 def is_golden(b: Bundle) -> bool:
     """True for an fp64 recomputation bundle (``hooks.replay(..., golden=True)`` marks ``run.golden``)."""
-    run = b.manifest.run
+    return is_golden_run(b.manifest.run)
+
+
+def is_golden_run(run: Mapping[str, Any]) -> bool:
+    """:func:`is_golden` from a manifest's ``run`` alone (what the service keeps per bundle)."""
     return bool(run.get("golden")) or str(run.get("variant", "")).endswith("golden")
 
 

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
+from accuracy.compare import is_golden_run
 from api import queries
 from api.auth import authorize
 from api.errors import InvalidInput, NotFound
@@ -149,8 +150,7 @@ def create_comparison(project: ProjectName, body: ComparisonCreate, svc: Service
         if b.project_id != proj.id:
             raise InvalidInput(f"{side} bundle {bid!r} belongs to another project")
         run = b.run or {}
-        if side == "reference" and body.mode == "golden" and not (run.get("golden") or
-                                                                   str(run.get("variant", "")).endswith("golden")):
+        if side == "reference" and body.mode == "golden" and not is_golden_run(run):
             raise InvalidInput(f"mode golden needs a float64 recomputation of the reference as the reference, and "
                                f"bundle {bid} is a {run.get('variant', '?')} capture: upload the bundle of "
                                "`opband capture SPEC --replay REF --golden` and compare it with the target")

@@ -72,10 +72,16 @@ def overlaps(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
     return False
 
 
+def span_of(shape: Sequence[int], stride: Sequence[int]) -> int:
+    """Storage elements a strided layout reaches (0 when it holds no element)."""
+    if any(sz == 0 for sz in shape):
+        return 0
+    return 1 + sum((sz - 1) * st for sz, st in zip(shape, stride, strict=True))
+
+
 def strided_like(t: torch.Tensor, stride: Sequence[int]) -> torch.Tensor:
     """``t``'s values in a tensor with ``stride`` (non-overlapping; gaps zero-filled)."""
-    span = 1 + sum((sz - 1) * st for sz, st in zip(t.shape, stride, strict=True)) if t.numel() else 0
-    buf = torch.zeros(span, dtype=t.dtype, device=t.device)
+    buf = torch.zeros(span_of(t.shape, stride), dtype=t.dtype, device=t.device)
     return buf.as_strided(tuple(t.shape), tuple(stride)).copy_(t)
 
 

@@ -21,7 +21,7 @@ from accuracy.bundle import Bundle
 from accuracy.manifest import Record
 from hooks.capture import CaptureOptions
 from hooks.environment import environment
-from hooks.opcall import decode_call, overlaps, resolve_target, strided_like
+from hooks.opcall import decode_call, overlaps, resolve_target, span_of, strided_like
 from hooks.recorder import Recorder
 from hooks.variants import _CASTS
 
@@ -105,6 +105,6 @@ def _load(ref: Bundle, name: str, device: str, cast: torch.dtype | None,
         t = t.to(cast)
     if (stride is not None and len(stride) == t.dim() and all(type(x) is int and x >= 0 for x in stride)
             and not overlaps(tuple(t.shape), tuple(stride))
-            and sum((sz - 1) * st for sz, st in zip(t.shape, stride, strict=True)) < 64 * t.numel() + 4096):
+            and span_of(t.shape, stride) < 64 * t.numel() + 4096):
         t = strided_like(t, stride)
     return t
