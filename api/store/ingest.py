@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
+import shutil
+import struct
 import tempfile
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import select
+from sqlalchemy import insert, select
 from sqlalchemy.exc import IntegrityError
 
 from accuracy.bundle import Bundle
 from accuracy.errors import BundleError
 from accuracy.manifest import Record
 from api.store.db import Database
-from api.errors import InvalidInput, TooLarge
+from api.errors import InvalidInput, RequestTimeout, TooLarge, Unavailable
+from api.store.maintenance import PARTIAL_SUFFIX, partial_prefix
 from api.store.models import BundleRow, OpRecordRow, Project
 from api.observability import UPLOAD_BYTES
 from api.store.blobs import BlobStore
@@ -32,18 +37,35 @@ class SpooledUpload:
         self.path.unlink(missing_ok=True)
 
 
-async def spool(body: AsyncIterator[bytes], temp_dir: Path, limit: int, declared: int | None) -> SpooledUpload:
-    """Write ``body`` to a temp file chunk by chunk; never holds the whole body in memory."""
+async def spool(body: AsyncIterator[bytes], temp_dir: Path, limit: int, declared: int | None,
+                idle_seconds: float = 30.0, min_free_bytes: int = 0) -> SpooledUpload:
+    """Write ``body`` to a temp file chunk by chunk; never holds the whole body in memory.
+
+    A body that sends nothing for ``idle_seconds`` is dropped (408); one that would leave less than
+    ``min_free_bytes`` free on the temp folder's disk is refused before it is read (503).
+    """
     if declared is not None and declared > limit:
         raise TooLarge(f"bundle is {declared} bytes; this server accepts at most {limit} (OPBAND_MAX_UPLOAD_BYTES)")
     temp_dir.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix="upload-", suffix=".partial", dir=temp_dir)
+    free = shutil.disk_usage(temp_dir).free
+    if free - (declared or 0) < min_free_bytes:
+        raise Unavailable(f"the server's disk is almost full ({free} bytes free, OPBAND_MIN_FREE_BYTES is "
+                          f"{min_free_bytes}): try again later; operators: free space or run `opband gc`")
+    fd, name = tempfile.mkstemp(prefix=partial_prefix(), suffix=PARTIAL_SUFFIX, dir=temp_dir)
     path = Path(name)
     digest = hashlib.sha256()
     size = 0
+    chunks = body.__aiter__()
     try:
         with os.fdopen(fd, "wb") as f:
-            async for chunk in body:
+            while True:
+                try:
+                    chunk = await asyncio.wait_for(chunks.__anext__(), idle_seconds)
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    raise RequestTimeout(f"the upload sent nothing for {idle_seconds:g} s after {size} bytes "
+                                         "(OPBAND_UPLOAD_IDLE_SECONDS): send it again") from None
                 size += len(chunk)
                 UPLOAD_BYTES.inc(len(chunk))
                 if size > limit:
@@ -62,23 +84,62 @@ async def spool(body: AsyncIterator[bytes], temp_dir: Path, limit: int, declared
     return SpooledUpload(path, digest.hexdigest(), size)
 
 
-def store_bundle(db: Database, store: BlobStore, project: Project, upload: SpooledUpload) -> tuple[BundleRow, bool]:
+@dataclass(frozen=True)
+class IngestLimits:
+    """What one bundle may cost the server (Settings.max_manifest_bytes, max_records)."""
+
+    max_manifest_bytes: int = 128 << 20
+    max_records: int = 500_000
+
+
+def check_header_size(path: Path, limit: int) -> None:
+    """Refuse (413) a bundle whose header (the manifest) is over ``limit`` bytes, before parsing it."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if len(head) == 8:
+        (n,) = struct.unpack("<Q", head)
+        if n > limit:
+            raise TooLarge(f"the bundle's manifest is {n} bytes; this server parses at most {limit} "
+                           "(OPBAND_MAX_MANIFEST_BYTES): split the capture (--module/--op filters, or summary mode)")
+
+
+#: op_records rows written per INSERT: bounded memory for bundles of any record count
+INSERT_BATCH = 5000
+
+
+def store_bundle(db: Database, store: BlobStore, project: Project | Callable[[], Project], upload: SpooledUpload,
+                 limits: IngestLimits | None = None) -> tuple[BundleRow, bool]:
     """Validate and store an upload; returns (row, created). Same bytes again return the same row.
 
-    The blob is written first, the row committed second; if the commit fails the blob is removed,
-    so no failure leaves a row without its blob or (beyond a crash) a blob without its row.
+    ``project`` may be a function that makes it: it is called only once the bundle is valid, so an
+    invalid upload creates nothing. The blob is written first, the row committed second; if the commit
+    fails the blob is removed, so no failure leaves a row without its blob; a crash in between leaves
+    an orphan blob that ``opband gc`` removes.
     """
+    limits = limits or IngestLimits()
     try:
-        existing = _find(db, project.id, upload.sha256)
-        if existing is not None:
-            return existing, False
+        if isinstance(project, Project):
+            existing = _find(db, project.id, upload.sha256)
+            if existing is not None:
+                return existing, False
+        check_header_size(upload.path, limits.max_manifest_bytes)
         try:
             bundle = Bundle.open(upload.path)
         except BundleError as e:
             raise InvalidInput(f"not a valid opband bundle: {e}") from e
         m = bundle.manifest
+        del bundle
+        if len(m.records) > limits.max_records:
+            raise TooLarge(f"the bundle has {len(m.records)} records; this server takes at most {limits.max_records} "
+                           "per bundle (OPBAND_MAX_RECORDS): split the capture (--module/--op filters)")
         check_record_fields(m.records)
         run, env = m.run, m.environment
+        check_no_nul({"run": run, "environment": env})
+        if not isinstance(project, Project):
+            project = project()
+            existing = _find(db, project.id, upload.sha256)
+            if existing is not None:
+                return existing, False
         row = BundleRow(
             id=uuid.uuid4().hex, project_id=project.id, sha256=upload.sha256, size=upload.size,
             storage_key=f"{project.name}/{upload.sha256}.bundle", label=_text(run.get("label"), 200),
@@ -87,18 +148,17 @@ def store_bundle(db: Database, store: BlobStore, project: Project, upload: Spool
             git_commit=_text(env.get("git_commit"), 64), git_branch=_text(env.get("git_branch"), 200),
             records=len(m.records), run=run, environment=env,
         )
-        records = [
-            OpRecordRow(bundle_id=row.id, key=r.key, output=r.output, op=r.op, module=r.module, kind=r.kind,
-                        index=r.index, shape_signature=r.shape_signature[:1000], dtype=r.dtype)
-            for r in m.records
-        ]
-        del bundle
         store.put_file(row.storage_key, upload.path)
         try:
             with db.session() as s:
                 s.add(row)
                 s.flush()
-                s.add_all(records)
+                for start in range(0, len(m.records), INSERT_BATCH):
+                    s.execute(insert(OpRecordRow), [
+                        {"bundle_id": row.id, "key": r.key, "output": r.output, "op": r.op, "module": r.module,
+                         "kind": r.kind, "index": r.index, "shape_signature": r.shape_signature[:1000],
+                         "dtype": r.dtype}
+                        for r in m.records[start:start + INSERT_BATCH]])
         except IntegrityError:
             # a concurrent upload of the same bytes won the race: theirs stands, and shares our blob key
             winner = _find(db, project.id, upload.sha256)
@@ -119,13 +179,32 @@ RECORD_LIMITS = {"key": 1000, "module": 800, "op": 200, "dtype": 40}
 
 
 def check_record_fields(records: list[Record]) -> None:
-    """Refuse (422) a record whose indexed fields would not fit their columns, naming it."""
+    """Refuse (422) a record whose indexed fields would not fit their columns or hold a NUL, naming it."""
     for r in records:
         for name, limit in RECORD_LIMITS.items():
             value = getattr(r, name)
             if len(value) > limit:
                 raise InvalidInput(f"record {r.key[:80]!r}: {name} is {len(value)} characters; this server indexes "
                                    f"at most {limit}. Shorten module names or filter the capture (--module/--op)")
+            if "\x00" in value:
+                raise InvalidInput(f"record {r.key[:80]!r}: {name} contains a NUL character, which no database "
+                                   "column can hold: fix the capture's names")
+        if "\x00" in r.shape_signature:
+            raise InvalidInput(f"record {r.key[:80]!r}: its input shapes contain a NUL character")
+
+
+def check_no_nul(value: object, where: str = "") -> None:
+    """Refuse (422) free-form metadata holding a NUL character anywhere (PostgreSQL stores none)."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise InvalidInput(f"manifest field {where or '(root)'} contains a NUL character: remove it")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            check_no_nul(k, where)
+            check_no_nul(v, f"{where}.{k}" if where else str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            check_no_nul(v, f"{where}[{i}]")
 
 
 def _text(value: object, limit: int) -> str | None:
