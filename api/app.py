@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
+from sqlalchemy.exc import InterfaceError, OperationalError
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
 from api.errors import Forbidden, ServiceError, outage
@@ -91,12 +92,18 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
     async def service_error(_: Request, exc: ServiceError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=exc.status)
 
+    async def infrastructure(request: Request, exc: Exception) -> JSONResponse:
+        down = outage(exc)
+        if down is None:
+            raise exc  # not an outage: a bug, answered by `unexpected` below
+        log.warning("outage", extra={"path": request.url.path, "error": f"{type(exc).__name__}: {exc}"[:500]})
+        return JSONResponse({"detail": str(down)}, status_code=down.status)
+
+    for kind in (OSError, OperationalError, InterfaceError):
+        app.add_exception_handler(kind, infrastructure)  # type: ignore[arg-type]
+
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        down = outage(exc)
-        if down is not None:
-            log.warning("outage", extra={"path": request.url.path, "error": f"{type(exc).__name__}: {exc}"[:500]})
-            return JSONResponse({"detail": str(down)}, status_code=down.status)
         log.exception("internal error", extra={"path": request.url.path})
         return JSONResponse({"detail": "internal error: this is opband's bug, not your request; please report it "
                                        "with the time and path"}, status_code=500)
