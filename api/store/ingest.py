@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
+import multiprocessing
 import os
 import shutil
 import struct
 import tempfile
+import threading
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import insert, select
 from sqlalchemy.exc import IntegrityError
@@ -105,36 +111,90 @@ def check_header_size(path: Path, limit: int) -> None:
 
 #: op_records rows written per INSERT: bounded memory for bundles of any record count
 INSERT_BATCH = 5000
+#: the indexed fields of a record, in the order of the lines ``inspect_bundle`` writes
+RECORD_COLUMNS = ("key", "output", "op", "module", "kind", "index", "shape_signature", "dtype")
+
+
+@dataclass(frozen=True)
+class Inspected:
+    """What the server keeps of a valid bundle, besides its records (streamed from ``records_path``)."""
+
+    run: dict[str, Any]
+    environment: dict[str, Any]
+    variant: str
+    device: str
+    records: int
+
+
+def inspect_bundle(path: Path, records_path: Path, limits: IngestLimits) -> Inspected:
+    """Open and validate a bundle and write its records' indexed fields to ``records_path`` (one JSON
+    array per line). Parsing a manifest costs memory in proportion to its records: :func:`store_bundle`
+    runs this in a short-lived child process, so that cost never stays in (or grows) the server."""
+    check_header_size(path, limits.max_manifest_bytes)
+    try:
+        m = Bundle.open(path).manifest
+    except BundleError as e:
+        raise InvalidInput(f"not a valid opband bundle: {e}") from e
+    if len(m.records) > limits.max_records:
+        raise TooLarge(f"the bundle has {len(m.records)} records; this server takes at most {limits.max_records} "
+                       "per bundle (OPBAND_MAX_RECORDS): split the capture (--module/--op filters)")
+    check_record_fields(m.records)
+    check_no_nul({"run": m.run, "environment": m.environment})
+    with open(records_path, "w") as f:
+        for r in m.records:
+            f.write(json.dumps([r.key, r.output, r.op, r.module, r.kind, r.index, r.shape_signature[:1000], r.dtype]))
+            f.write("\n")
+    return Inspected(m.run, m.environment, m.variant, m.device, len(m.records))
+
+
+_POOL_LOCK = threading.Lock()
+
+
+def _inspect_in_child(path: Path, records_path: Path, limits: IngestLimits) -> Inspected:
+    """:func:`inspect_bundle` in a fresh child process (forkserver: no copy of the server's state), which
+    exits afterwards and returns its memory. Errors come back as the same exceptions."""
+    with _POOL_LOCK:
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["api.store.ingest"])
+    with ProcessPoolExecutor(1, mp_context=context, max_tasks_per_child=1) as pool:
+        try:
+            return pool.submit(inspect_bundle, path, records_path, limits).result()
+        except BrokenProcessPool:
+            raise Unavailable("validating the bundle ran out of memory or was killed: try again later; operators: "
+                              "lower OPBAND_MAX_MANIFEST_BYTES / OPBAND_MAX_RECORDS or add memory") from None
+
+
+def _record_batches(records_path: Path, bundle_id: str) -> Iterator[list[dict[str, Any]]]:
+    with open(records_path) as f:
+        batch: list[dict[str, Any]] = []
+        for line in f:
+            batch.append({"bundle_id": bundle_id, **dict(zip(RECORD_COLUMNS, json.loads(line)))})
+            if len(batch) == INSERT_BATCH:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
 
 
 def store_bundle(db: Database, store: BlobStore, project: Project | Callable[[], Project], upload: SpooledUpload,
-                 limits: IngestLimits | None = None) -> tuple[BundleRow, bool]:
+                 limits: IngestLimits | None = None, isolate: bool = True) -> tuple[BundleRow, bool]:
     """Validate and store an upload; returns (row, created). Same bytes again return the same row.
 
     ``project`` may be a function that makes it: it is called only once the bundle is valid, so an
-    invalid upload creates nothing. The blob is written first, the row committed second; if the commit
-    fails the blob is removed, so no failure leaves a row without its blob; a crash in between leaves
-    an orphan blob that ``opband gc`` removes.
+    invalid upload creates nothing. The bundle is parsed in a child process (``isolate``) and its
+    records inserted in batches: the server's memory does not grow with the record count. The blob is
+    written first, the row committed second; if the commit fails the blob is removed, so no failure
+    leaves a row without its blob; a crash in between leaves an orphan blob that ``opband gc`` removes.
     """
     limits = limits or IngestLimits()
+    records_path = upload.path.with_name(upload.path.name + ".records" + PARTIAL_SUFFIX)
     try:
         if isinstance(project, Project):
             existing = _find(db, project.id, upload.sha256)
             if existing is not None:
                 return existing, False
-        check_header_size(upload.path, limits.max_manifest_bytes)
-        try:
-            bundle = Bundle.open(upload.path)
-        except BundleError as e:
-            raise InvalidInput(f"not a valid opband bundle: {e}") from e
-        m = bundle.manifest
-        del bundle
-        if len(m.records) > limits.max_records:
-            raise TooLarge(f"the bundle has {len(m.records)} records; this server takes at most {limits.max_records} "
-                           "per bundle (OPBAND_MAX_RECORDS): split the capture (--module/--op filters)")
-        check_record_fields(m.records)
-        run, env = m.run, m.environment
-        check_no_nul({"run": run, "environment": env})
+        found = (_inspect_in_child if isolate else inspect_bundle)(upload.path, records_path, limits)
+        run, env = found.run, found.environment
         if not isinstance(project, Project):
             project = project()
             existing = _find(db, project.id, upload.sha256)
@@ -143,22 +203,18 @@ def store_bundle(db: Database, store: BlobStore, project: Project | Callable[[],
         row = BundleRow(
             id=uuid.uuid4().hex, project_id=project.id, sha256=upload.sha256, size=upload.size,
             storage_key=f"{project.name}/{upload.sha256}.bundle", label=_text(run.get("label"), 200),
-            variant=_text(m.variant, 40) or "fp32", device=_text(m.device, 100) or "cpu",
+            variant=_text(found.variant, 40) or "fp32", device=_text(found.device, 100) or "cpu",
             level=_text(run.get("level"), 20), mode=_text(run.get("mode"), 20),
             git_commit=_text(env.get("git_commit"), 64), git_branch=_text(env.get("git_branch"), 200),
-            records=len(m.records), run=run, environment=env,
+            records=found.records, run=run, environment=env,
         )
         store.put_file(row.storage_key, upload.path)
         try:
             with db.session() as s:
                 s.add(row)
                 s.flush()
-                for start in range(0, len(m.records), INSERT_BATCH):
-                    s.execute(insert(OpRecordRow), [
-                        {"bundle_id": row.id, "key": r.key, "output": r.output, "op": r.op, "module": r.module,
-                         "kind": r.kind, "index": r.index, "shape_signature": r.shape_signature[:1000],
-                         "dtype": r.dtype}
-                        for r in m.records[start:start + INSERT_BATCH]])
+                for batch in _record_batches(records_path, row.id):
+                    s.execute(insert(OpRecordRow), batch)
         except IntegrityError:
             # a concurrent upload of the same bytes won the race: theirs stands, and shares our blob key
             winner = _find(db, project.id, upload.sha256)
@@ -172,6 +228,7 @@ def store_bundle(db: Database, store: BlobStore, project: Project | Callable[[],
         return row, True
     finally:
         upload.discard()
+        records_path.unlink(missing_ok=True)
 
 
 #: record fields stored in indexed columns, and their column widths (api/store/models.py)
