@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from accuracy.errors import ConfigError
-from accuracy.metrics import machine_eps
+from accuracy.metrics import FLOAT_FORMATS, machine_eps
 
 #: Op classes and the op names (ATen overload packets, without ``aten.``) that belong to them.
 OP_CLASSES: dict[str, tuple[str, ...]] = {
@@ -104,6 +104,18 @@ PROPAGATED_U: dict[str, float] = {
 }
 DTYPES = tuple(PROPAGATED_U)
 
+#: Absolute floor of an op's RMS error, in units of ``tiny x u`` (half the subnormal spacing) of the
+#: target dtype: values that an honest port rounds into or below the subnormal range (a layer scale of
+#: 1e-6 times activations of 1e-2 in fp16) carry that absolute error whatever their size, so their
+#: normalized error says nothing (``torch.testing``'s atol + rtol |ref|, with atol from the dtype).
+ABS_FLOOR_TINY_U = 4.0
+
+#: The largest finite value per dtype: references beyond a target's range are compared clipped to it
+#: (``torch.finfo(float32).min`` as a mask value is ``finfo(float16).min`` in an honest fp16 port).
+DTYPE_MAX: dict[str, float] = {
+    "float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float8_e4m3fn": 448.0, "float8_e5m2": 57344.0,
+}
+
 #: An excess of at most this factor over the budget is a warning, beyond it a failure.
 WARN_FACTOR = 2.0
 
@@ -119,6 +131,8 @@ class Budget:
     norm_l2: float
     cosine_min: float
     source: str
+    atol: float = 0.0  # RMS error at or below this passes whatever the norm: values near the dtype's underflow
+
 
     def describe(self) -> str:
         return f"norm_l2 <= {self.norm_l2:.2e} ({self.source})"
@@ -257,7 +271,8 @@ def default_budget(op: str, kind: str, dtype: str, mode: str = "propagated", red
         source = f"default {dtype}/{cls}" + (f" K={reduction}" if summing else "")
     limit = min(limit, 1.0)
     cosine_min = 1.0 - 2.0 * limit**2  # cos ~ 1 - nl2^2 / 2, with 2x slack on nl2
-    return Budget(norm_l2=limit, cosine_min=cosine_min, source=source)
+    tiny = FLOAT_FORMATS[dtype][1] if dtype in FLOAT_FORMATS else 0.0
+    return Budget(norm_l2=limit, cosine_min=cosine_min, source=source, atol=ABS_FLOOR_TINY_U * tiny * u)
 
 
 def budget_table(mode: str = "replay") -> dict[str, dict[str, float]]:
@@ -330,8 +345,9 @@ def load_config(path: str | os.PathLike[str]) -> Mapping[str, Any]:
 
 
 def _parse_override(pattern: str, spec: Mapping[str, Any]) -> Budget:
-    names = {f.name for f in fields(Budget)} - {"source"}
-    given = set(spec)
+    optional = {"atol"}
+    names = {f.name for f in fields(Budget)} - {"source"} - optional
+    given = set(spec) - optional
     unknown = given - names
     if unknown:
         raise ConfigError(f"budget override {pattern!r}: unknown field(s) {sorted(unknown)}; allowed: {sorted(names)}")
@@ -349,4 +365,10 @@ def _parse_override(pattern: str, spec: Mapping[str, Any]) -> Budget:
         raise ConfigError(f"budget override {pattern!r}: norm_l2 must be a finite number >= 0")
     if not -1.0 <= values["cosine_min"] <= 1.0:
         raise ConfigError(f"budget override {pattern!r}: cosine_min must lie in [-1, 1]")
-    return Budget(norm_l2=values["norm_l2"], cosine_min=values["cosine_min"], source=f"override {pattern}")
+    try:
+        atol = float(spec.get("atol", 0.0))
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"budget override {pattern!r}: atol must be a number ({e})") from e
+    if not (atol >= 0 and math.isfinite(atol)):
+        raise ConfigError(f"budget override {pattern!r}: atol must be a finite number >= 0")
+    return Budget(norm_l2=values["norm_l2"], cosine_min=values["cosine_min"], source=f"override {pattern}", atol=atol)

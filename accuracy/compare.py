@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import math
 import os
+
+import numpy as np
 from pathlib import Path
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from accuracy.align import Pair, Unmatched, align, same_elements
 from accuracy.bands import BandCheck, BandConfig, History, bands_for, benjamini_hochberg
-from accuracy.budgets import Budget, BudgetPolicy, auxiliary_output, judged_dtype, precision_trap, reduction_length
+from accuracy.budgets import DTYPE_MAX, Budget, BudgetPolicy, auxiliary_output, judged_dtype, precision_trap, reduction_length
 from accuracy.bundle import Bundle
 from accuracy.errors import BundleError, OpbandError
 from accuracy.divergence import dataflow, mark_first_divergence
@@ -332,10 +334,21 @@ def _measure(ref: Bundle | None, tgt: Bundle, r: Record | None, t: Record) -> Me
         if not is_float_dtype(r.dtype) or not is_float_dtype(t.dtype):
             return compare_discrete(ref.iter_chunks(r.tensor), tgt.iter_chunks(t.tensor))
         absmax = r.stats.absmax if r.stats and r.stats.absmax is not None else None
-        return compare_arrays(ref.iter_chunks(r.tensor), tgt.iter_chunks(t.tensor), t.dtype, absmax)
+        ref_chunks, tgt_chunks = ref.iter_chunks(r.tensor), tgt.iter_chunks(t.tensor)
+        top = DTYPE_MAX.get(t.dtype)
+        if top is not None and absmax is not None and absmax > top:  # beyond the target's range: compare clipped
+            ref_chunks, tgt_chunks = _clipped(ref_chunks, top), _clipped(tgt_chunks, top)
+            absmax = top
+        return compare_arrays(ref_chunks, tgt_chunks, t.dtype, absmax)
     if r.stats and t.stats:
         return compare_stats(r.stats, t.stats, t.dtype)
     return None
+
+
+def _clipped(chunks: Iterable[Any], top: float) -> Iterator[Any]:
+    """Chunks with finite values beyond +-top (and +-inf) clipped to +-top; NaN stays NaN."""
+    for c in chunks:
+        yield np.clip(c, -top, top)
 
 
 def _unmatched_result(u: Unmatched) -> OpResult:

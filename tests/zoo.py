@@ -294,7 +294,7 @@ MODELS: list[Model] = [
         "norm_eps": "layers.1.post_attention_layernorm", "weight": "layers.0.self_attn.v_proj"}, fast=True),
     Model("mixtral", "decoder MoE", _mixtral, {
         "lowp_gemm": "layers.1.self_attn.o_proj", "activation": "layers.0.mlp.experts.act_fn",
-        "norm_eps": "layers.0.input_layernorm", "weight": "layers.1.self_attn.k_proj"}),
+        "norm_eps": "layers.0.input_layernorm", "weight": "layers.1.self_attn.k_proj"}, fast=True),
     Model("gpt-neox", "decoder with biases", _gpt_neox, {
         "lowp_gemm": "layers.0.attention.dense", "activation": "layers.1.mlp.act",
         "norm_eps": "layers.1.post_attention_layernorm", "weight": "layers.0.mlp.dense_4h_to_h",
@@ -305,7 +305,7 @@ MODELS: list[Model] = [
     Model("bert", "encoder", _bert, _bert_faults("", 1), fast=True),
     Model("t5", "encoder-decoder", _t5, {
         "lowp_gemm": "decoder.block.1.layer.1.EncDecAttention.o", "activation": "encoder.block.1.layer.1.DenseReluDense.act",
-        "norm_eps": "decoder.block.0.layer.0.layer_norm", "weight": "encoder.block.0.layer.0.SelfAttention.v"}),
+        "norm_eps": "decoder.block.0.layer.0.layer_norm", "weight": "encoder.block.0.layer.0.SelfAttention.v"}, fast=True),
     Model("vit", "vision transformer", _vit, {
         "lowp_gemm": "layers.0.mlp.fc1", "activation": "layers.1.mlp.activation_fn",
         "norm_eps": "layers.1.layernorm_before", "weight": "layers.0.attention.q_proj",
@@ -314,7 +314,7 @@ MODELS: list[Model] = [
         "lowp_gemm": "encoder.stages.1.layers.0.layer.0.convolution",
         "activation": "encoder.stages.0.layers.0.layer.0.activation",
         "norm_eps": "encoder.stages.1.layers.0.layer.1.normalization",
-        "weight": "encoder.stages.0.layers.0.layer.1.convolution"}),
+        "weight": "encoder.stages.0.layers.0.layer.1.convolution"}, fast=True),
     Model("convnext", "convnet (LayerNorm, depthwise)", _convnext, {
         "lowp_gemm": "encoder.stages.1.layers.0.pwconv1", "activation": "encoder.stages.0.layers.0.act",
         "norm_eps": "encoder.stages.1.layers.0.layernorm", "weight": "encoder.stages.0.layers.0.pwconv2",
