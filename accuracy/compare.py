@@ -290,7 +290,8 @@ class _Context:
     def _judge_history(self, result: OpResult, dtype: str) -> bool:
         """Judge against bands when there is enough history; False to fall back to the budget."""
         assert self.history is not None and result.metrics is not None
-        bands, runs, nonfinite = bands_for(self.history, result.key, result.op, result.shape_signature,
+        op_id = result.op if result.output == 0 else f"{result.op}:{result.output}"  # bands per output
+        bands, runs, nonfinite = bands_for(self.history, result.id, op_id, result.shape_signature,
                                            result.dtype, self.target, self.config)
         categorical = judge_nonfinite_history(result.metrics, runs, nonfinite) if runs >= self.config.min_history else None
         if categorical is not None:
