@@ -185,8 +185,8 @@ class History:
         by_type: dict[HistoryKey, list[Mapping[str, Any]]] = defaultdict(list)
         for i, r in enumerate(results):
             try:
-                out = _output_suffix(r.get("output"))
-                key = (str(r["key"]) + out, str(r.get("shape_signature", "")), str(r["dtype"]), str(r.get("target", "")))
+                suffix = _output_suffix(r.get("output"))
+                key = (str(r["key"]) + suffix, str(r.get("shape_signature", "")), str(r["dtype"]), str(r.get("target", "")))
                 metrics = r["metrics"]
             except (KeyError, TypeError) as e:
                 raise ConfigError(f"history result {i} lacks {e}: each needs key, dtype and metrics") from e
@@ -194,7 +194,7 @@ class History:
                 raise ConfigError(f"history result {i}: metrics must be an object")
             by_key[key].append(metrics)
             if r.get("op"):
-                by_type[(str(r["op"]) + out, key[1], key[2], key[3])].append(metrics)
+                by_type[(str(r["op"]) + suffix, key[1], key[2], key[3])].append(metrics)
         out.by_key, out.by_type = dict(by_key), dict(by_type)
         return out
 
