@@ -24,6 +24,7 @@ from accuracy.budgets import DTYPE_MAX, Budget, BudgetPolicy, auxiliary_output, 
 from accuracy.bundle import Bundle
 from accuracy.errors import BundleError, OpbandError
 from accuracy.divergence import dataflow, mark_first_divergence
+from accuracy.fingerprints import ParameterDifference, input_difference, parameter_differences
 from accuracy.manifest import Record, shape_signature
 from accuracy.metrics import Metrics, compare_arrays, compare_discrete, compare_stats, is_float_dtype
 from accuracy.verdicts import (
@@ -106,6 +107,8 @@ class ComparisonReport:
     counts: dict[str, int] = field(default_factory=dict)
     golden: dict[str, Any] | None = None
     history: dict[str, Any] | None = None
+    parameters: list[ParameterDifference] = field(default_factory=list)  # parameters that differ: findings
+    notes: list[str] = field(default_factory=list)  # what was not judged, and why
 
     def __bool__(self) -> bool:
         return self.verdict != "fail"
@@ -154,10 +157,16 @@ def compare(
     cfg = band_config or BandConfig()
     tname = target_id or target_name(tgt)
     replayed = bool(tgt.manifest.run.get("replay_of") or tgt.manifest.run.get("replay"))
+    different = input_difference(ref.manifest.fingerprints, tgt.manifest.fingerprints)
+    if different:
+        raise OpbandError(
+            f"the two runs had different inputs: {different}. Every op would differ alike; capture both runs "
+            "on the same inputs (same SPEC, seed and data) and compare again")
     ref_records = ref.records
     if replayed:  # a replay re-runs the reference's ATen ops only: its module records have no counterpart
         ref_records = [r for r in ref.records if r.kind == "aten"]
     pairs, unmatched = align(ref_records, tgt.records)
+    _check_same_model(ref, tgt, replayed)
     if not pairs:
         raise OpbandError(
             f"nothing to compare: the reference holds {len(ref.records)} records and the target "
@@ -178,13 +187,66 @@ def compare(
     alias = {p.target.id: p.reference.id for p in pairs if p.target.id != p.reference.id}
     graph = {alias.get(k, k): [alias.get(i, i) for i in v] for k, v in dataflow(tgt.records).items()}
     first = mark_first_divergence(results, local_everywhere, graph)
+    diffs, note = ([], None) if replayed else parameter_differences(
+        ref.manifest.fingerprints, tgt.manifest.fingerprints, tgt.manifest.variant)
+    first = _parameter_divergence(results, diffs) or first
     counts = {v: sum(1 for r in results if r.verdict == v) for v in VERDICT_ORDER}
     return ComparisonReport(
         reference=_side(ref), target=_side(tgt), mode=mode, ops=results, unmatched=unmatched,
         first_divergence=first, verdict=worst_verdict([r.verdict for r in results]), counts=counts,
         golden=_side(gold) if gold is not None else None,
         history={"target": tname, "ops_with_bands": sum(1 for r in results if r.bands)} if hist is not None else None,
+        parameters=diffs, notes=[note] if note else [],
     )
+
+
+#: Below this share of the reference's modules found in the target, two runs are not the same model.
+SAME_MODEL_SHARE = 0.5
+
+
+def _check_same_model(ref: Bundle, tgt: Bundle, replayed: bool) -> None:
+    """Refuse (exit 2) two runs whose module structures do not align: a comparison would only list failures."""
+    if replayed:
+        return
+    mods_r = {r.module for r in ref.records if r.kind == "module"}
+    mods_t = {r.module for r in tgt.records if r.kind == "module"}
+    if len(mods_r) < 2 or not mods_t:
+        return
+    shared = mods_r & mods_t
+    if len(shared) >= SAME_MODEL_SHARE * len(mods_r):
+        return
+    only_r = sorted(mods_r - mods_t)[:3]
+    only_t = sorted(mods_t - mods_r)[:3]
+    raise OpbandError(
+        f"the two runs are not the same model: only {len(shared)} of the reference's {len(mods_r)} modules exist in "
+        f"the target (reference-only: {', '.join(only_r)}; target-only: {', '.join(only_t) or 'none'}). "
+        "Compare captures of the same model code (same SPEC), with the same module names")
+
+
+def _parameter_divergence(results: list[OpResult], diffs: list[ParameterDifference]) -> OpResult | None:
+    """The first divergence when parameters differ: inside the earliest-running module whose parameters
+    differ, its earliest local out-of-band op, else its own output record, marked failing with the finding."""
+    def inside(r: OpResult, module: str) -> bool:
+        return r.aligned_by != "none" and (r.module == module or r.module.startswith(module + ".") or not module)
+
+    best: tuple[int, str, list[ParameterDifference]] | None = None
+    for module in {d.module for d in diffs}:
+        idx = [r.index for r in results if inside(r, module)]
+        if idx and (best is None or min(idx) < best[0]):
+            best = (min(idx), module, [d for d in diffs if d.module == module])
+    if best is None:
+        return None
+    _, module, own = best
+    words = "; ".join(d.sentence for d in own)
+    members = [r for r in results if inside(r, module)]
+    bad = [r for r in members if r.verdict in ("fail", "warn") and not r.inherited and r.kind != "module"]
+    own_record = [r for r in members if r.kind == "module" and r.module == module]
+    chosen = min(bad, key=lambda r: r.index) if bad else (own_record or sorted(members, key=lambda r: r.index))[0]
+    if chosen.verdict not in ("fail", "warn"):
+        chosen.reason = f"parameters differ ({chosen.reason})"
+    chosen.verdict, chosen.inherited = "fail", False
+    chosen.finding = f"{chosen.finding}; {words}" if chosen.finding else words
+    return chosen
 
 
 def is_golden(b: Bundle) -> bool:
