@@ -157,6 +157,7 @@ def compare(
     cfg = band_config or BandConfig()
     tname = target_id or target_name(tgt)
     replayed = bool(tgt.manifest.run.get("replay_of") or tgt.manifest.run.get("replay"))
+    _check_same_model(ref, tgt, replayed)
     different = input_difference(ref.manifest.fingerprints, tgt.manifest.fingerprints)
     if different:
         raise OpbandError(
@@ -166,7 +167,6 @@ def compare(
     if replayed:  # a replay re-runs the reference's ATen ops only: its module records have no counterpart
         ref_records = [r for r in ref.records if r.kind == "aten"]
     pairs, unmatched = align(ref_records, tgt.records)
-    _check_same_model(ref, tgt, replayed)
     if not pairs:
         raise OpbandError(
             f"nothing to compare: the reference holds {len(ref.records)} records and the target "

@@ -2,12 +2,14 @@
 
 ``accuracy.fingerprints`` compares them: different inputs make two runs incomparable, different
 parameters are a finding that names the module. A fingerprint is a digest of the tensor's bytes
-plus float64 sum, L2 norm and absmax (which still compare across an honest dtype cast).
+(CPU tensors; on an accelerator the weights are not copied to the host) plus float64 sum, L2 norm
+and absmax, which still compare across an honest dtype cast.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 from typing import Any
 
 import torch
@@ -22,18 +24,27 @@ def tensor_print(t: torch.Tensor) -> TensorPrint | None:
     if t.layout != torch.strided or t.is_quantized or t.is_meta or t.is_nested:
         return None
     with torch.no_grad():
-        data = t.detach().to("cpu").contiguous()
-        digest = hashlib.blake2b(data.reshape(-1).view(torch.uint8).numpy().data if data.numel() else b"",
-                                 digest_size=16).hexdigest()
+        data = t.detach()
+        digest = ""  # on an accelerator the statistics alone (no copy of the weights to the host)
+        if data.device.type == "cpu":
+            data = data.contiguous()
+            raw = data.reshape(-1).view(torch.uint8).numpy().data if data.numel() else b""
+            digest = hashlib.blake2b(raw, digest_size=16).hexdigest()
         if data.is_complex():
             data = torch.view_as_real(data)
-        values = data.double() if data.is_floating_point() or data.is_complex() else data.to(torch.float64)
-        finite = values[torch.isfinite(values)] if values.numel() else values
-        return TensorPrint(shape=list(t.shape), dtype=tensor_dtype_name(t), digest=digest,
-                           sum=float(finite.sum()) if finite.numel() else 0.0,
-                           l2=float(torch.linalg.vector_norm(finite)) if finite.numel() else 0.0,
-                           absmax=float(finite.abs().max()) if finite.numel() else 0.0,
-                           nonfinite=int(values.numel() - finite.numel()))
+        if not data.is_floating_point():
+            data = data.to(torch.float64)
+        total = float(torch.sum(data, dtype=torch.float64)) if data.numel() else 0.0
+        nonfinite = 0
+        if not math.isfinite(total):
+            finite = torch.isfinite(data)
+            nonfinite = int(data.numel() - int(finite.sum()))
+            data = data[finite]
+            total = float(torch.sum(data, dtype=torch.float64)) if data.numel() else 0.0
+        empty = data.numel() == 0
+        return TensorPrint(shape=list(t.shape), dtype=tensor_dtype_name(t), digest=digest, sum=total,
+                           l2=0.0 if empty else float(torch.linalg.vector_norm(data, dtype=torch.float64)),
+                           absmax=0.0 if empty else float(data.abs().max()), nonfinite=nonfinite)
 
 
 def input_prints(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, TensorPrint]:

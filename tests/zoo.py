@@ -294,7 +294,7 @@ MODELS: list[Model] = [
         "norm_eps": "layers.1.post_attention_layernorm", "weight": "layers.0.self_attn.v_proj"}, fast=True),
     Model("mixtral", "decoder MoE", _mixtral, {
         "lowp_gemm": "layers.1.self_attn.o_proj", "activation": "layers.0.mlp.experts.act_fn",
-        "norm_eps": "layers.0.input_layernorm", "weight": "layers.1.self_attn.k_proj"}, fast=True),
+        "norm_eps": "layers.0.input_layernorm", "weight": "layers.1.self_attn.k_proj"}),
     Model("gpt-neox", "decoder with biases", _gpt_neox, {
         "lowp_gemm": "layers.0.attention.dense", "activation": "layers.1.mlp.act",
         "norm_eps": "layers.1.post_attention_layernorm", "weight": "layers.0.mlp.dense_4h_to_h",
@@ -302,10 +302,10 @@ MODELS: list[Model] = [
     Model("gpt2", "decoder with biases (Conv1D)", _gpt2, {
         "lowp_gemm": "h.1.mlp.c_fc", "activation": "h.0.mlp.act", "norm_eps": "h.1.ln_2",
         "weight": "h.0.attn.c_proj", "bias": "h.1.attn.c_attn"}),
-    Model("bert", "encoder", _bert, _bert_faults("", 1), fast=True),
+    Model("bert", "encoder", _bert, _bert_faults("", 1)),
     Model("t5", "encoder-decoder", _t5, {
         "lowp_gemm": "decoder.block.1.layer.1.EncDecAttention.o", "activation": "encoder.block.1.layer.1.DenseReluDense.act",
-        "norm_eps": "decoder.block.0.layer.0.layer_norm", "weight": "encoder.block.0.layer.0.SelfAttention.v"}, fast=True),
+        "norm_eps": "decoder.block.0.layer.0.layer_norm", "weight": "encoder.block.0.layer.0.SelfAttention.v"}),
     Model("vit", "vision transformer", _vit, {
         "lowp_gemm": "layers.0.mlp.fc1", "activation": "layers.1.mlp.activation_fn",
         "norm_eps": "layers.1.layernorm_before", "weight": "layers.0.attention.q_proj",
