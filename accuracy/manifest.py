@@ -10,7 +10,7 @@ from accuracy.errors import BundleError
 from accuracy.strictjson import loads_strict
 
 FORMAT_NAME = "opband.bundle"
-FORMAT_VERSION = "1.1"
+FORMAT_VERSION = "1.2"
 SUPPORTED_MAJOR = 1
 
 RecordKind = Literal["module", "aten", "api", "grad"]
@@ -72,6 +72,27 @@ class Record(BaseModel):
         return v
 
 
+class TensorPrint(BaseModel):
+    """A tensor's fingerprint: a digest of its bytes, and statistics that survive an honest dtype cast."""
+
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
+    shape: list[int]
+    dtype: str
+    digest: str
+    sum: float
+    l2: float
+    absmax: float
+    nonfinite: int = 0
+
+
+class Fingerprints(BaseModel):
+    """The run's model inputs (first call of the captured model) and its parameters and buffers (since 1.2)."""
+
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
+    inputs: dict[str, TensorPrint] = Field(default_factory=dict)
+    parameters: dict[str, TensorPrint] = Field(default_factory=dict)
+
+
 class Diagnostic(BaseModel):
     """A capture problem that did not interrupt the user's run."""
 
@@ -90,6 +111,7 @@ class Manifest(BaseModel):
     records: list[Record] = Field(default_factory=list)
     skipped_ops: dict[str, int] = Field(default_factory=dict)
     diagnostics: list[Diagnostic] = Field(default_factory=list)
+    fingerprints: Fingerprints | None = None
 
     @field_validator("format_version")
     @classmethod

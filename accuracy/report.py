@@ -27,6 +27,9 @@ def to_dict(report: ComparisonReport) -> dict[str, Any]:
         "history": report.history,
         "first_divergence": op_to_dict(report.first_divergence) if report.first_divergence else None,
         "ops": [op_to_dict(o) for o in report.worst_first()],
+        "parameters": [{"name": d.name, "module": d.module, "how": d.how, "sentence": d.sentence}
+                       for d in report.parameters],
+        "notes": report.notes,
         "unmatched": [
             {"key": u.record.key, "output": u.record.output, "op": u.record.op, "module": u.record.module,
              "side": u.side, "reason": u.reason}
@@ -61,6 +64,8 @@ def op_to_dict(o: OpResult) -> dict[str, Any]:
         "severity": _num(o.severity),
         "aligned_by": o.aligned_by,
         "inherited": o.inherited,
+        "finding": o.finding,
+        "auxiliary": o.auxiliary,
     }
 
 
@@ -114,6 +119,8 @@ def headline(report: ComparisonReport) -> str:
         line += f"\n{'FAILED' if fd.verdict == 'fail' else 'WARNING'} | first divergence: {fd.id} " \
                 f"({op_words(fd.key, fd.op)}, module {fd.module or '<root>'}, input shapes {fd.shape_signature}) " \
                 f"| {fd.reason}"
+        if fd.finding:
+            line += f"\nFINDING | {fd.finding}"
         run = report.target.get("run") or {}
         if report.mode == "propagated":
             line += "\nNote: later failures marked 'inherited' carry this op's error downstream; " \
@@ -124,6 +131,13 @@ def headline(report: ComparisonReport) -> str:
             line += "\nNote: every failure is judged as local, but the target is an end-to-end run, so an op's " \
                     "error includes what reached it from upstream; `opband capture --replay REF` measures each " \
                     "op on the reference's inputs."
+    others = [d for d in report.parameters if fd is None or d.sentence not in (fd.finding or "")]
+    for d in others[:5]:
+        line += f"\nFINDING | {d.sentence}"
+    if len(others) > 5:
+        line += f"\nFINDING | ... and {len(others) - 5} more parameters differ"
+    for note in report.notes:
+        line += f"\nNote: {note}"
     return line
 
 
