@@ -275,6 +275,42 @@ def demo(
     raise typer.Exit(run_demo(data_dir, port=port, keep_serving=serve, targets=targets.split(","), echo=typer.echo))
 
 
+@app.command()
+def sweep(
+    sweep_file: Annotated[Optional[Path], typer.Argument(help="TOML/YAML sweep file (ops, shapes, dtypes, regimes ...); flags override it")] = None,
+    out: Annotated[Path, typer.Option("-o", "--out", help="folder for reference.bundle and one <dtype>.bundle per target dtype")] = Path("sweep"),
+    ops: Annotated[Optional[list[str]], typer.Option("--op", help="built-in name (softmax), ATen op (aten.erf) or torch function (torch.special.erf); repeatable. Default: the --from-bundle ops, else the built-in LLM list")] = None,
+    shapes: Annotated[Optional[list[str]], typer.Option("--shape", help="input shapes as 'AxB,CxD' (one per tensor input); repeatable; replaces each op's defaults")] = None,
+    dtypes: Annotated[Optional[list[str]], typer.Option("--dtype", help="target dtype: fp32 fp16 bf16 int8 fp8-e4m3 fp8-e5m2; repeatable (default bf16, fp16, int8)")] = None,
+    regimes: Annotated[Optional[list[str]], typer.Option("--regime", help="normal large near_zero subnormal nonfinite ill_conditioned; repeatable (default all)")] = None,
+    from_bundle: Annotated[Optional[Path], typer.Option(help="sweep the ATen ops of this captured bundle at their recorded input shapes")] = None,
+    reference_device: Annotated[Optional[str], typer.Option(help="reference device (default cuda when present, else cpu)")] = None,
+    target_device: Annotated[Optional[str], typer.Option(help="target device (default cpu)")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="seed of the generated inputs")] = None,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="write every row (op, dtype, shape, regime, verdict, errors) as JSON")] = None,
+    check: Annotated[bool, typer.Option("--check", metavar="", help="exit 1 when a case fails (default: report only)")] = False,
+) -> None:
+    """Sweep ops x shapes x dtypes x value regimes without a model: same stored inputs on the reference and each
+    target; writes ordinary bundles (compare them with `opband compare REF T --mode replay`) and a table per dtype."""
+    from hooks.opcases import CaseError
+    from hooks.opsweep import make_config, run_sweep
+
+    from accuracy.errors import OpbandError
+
+    try:
+        cfg = make_config(sweep_file, ops=ops or (), shapes=shapes, dtypes=dtypes, regimes=regimes,
+                          from_bundle=str(from_bundle) if from_bundle else None, reference_device=reference_device,
+                          target_device=target_device, seed=seed)
+        result = run_sweep(cfg, out)
+    except (CaseError, OpbandError, ValueError) as e:
+        _fail(str(e))
+    typer.echo(result.report.to_text())
+    typer.echo(f"wrote {result.reference} and {', '.join(str(p) for p in result.targets.values())}")
+    if json_out:
+        write_report(json_out, result.report.to_json())
+    raise typer.Exit(1 if check and not result.report else 0)
+
+
 @db_app.command("upgrade")
 def db_upgrade(data_dir: DataDir = Path(".opband"), revision: str = "head") -> None:
     """Migrate the database (OPBAND_DATABASE_URL or the data dir's SQLite) to the latest schema."""
