@@ -117,27 +117,21 @@ class CaseError(ValueError):
 
 def resolve_case(name: str, kwargs: dict[str, Any] | None = None) -> OpCase:
     """A built-in case (``softmax``), the built-in case of an ATen name a bundle shows
-    (``aten._softmax``), or an op called by name with tensors only (``aten.erf``, ``torch.special.erf``)."""
-    if kwargs is None:
+    (``aten._softmax``), or an op called by name with its tensors and ``kwargs`` (``aten.gelu``
+    with ``approximate="tanh"``, ``torch.special.erf``)."""
+    if not kwargs:
         if name in BUILTIN:
             return BUILTIN[name]
         if name in _BY_ATEN:
             return _BY_ATEN[name]
     fn = _lookup(name)
     if fn is None:
-        raise CaseError(f"unknown op {name!r}: use a built-in name ({', '.join(BUILTIN)}), an ATen op "
-                        "(aten.erf) or a torch function (torch.special.erf)")
-    kind = "aten" if name.startswith("aten.") else "api"
-    base = BUILTIN.get(name) or _BY_ATEN.get(name)
-    if base is not None:
-        return OpCase(base.name, base.op, base.fn, base.roles, base.shapes, base.kind, base.outputs, base.aten,
-                      dict(kwargs or {}))
-    return OpCase(name, name, fn, (), (), kind=kind, kwargs=dict(kwargs or {}))
+        raise CaseError(f"unknown op {name!r}: use a built-in name ({', '.join(BUILTIN)}; they take no kwargs), "
+                        "an ATen op (aten.erf) or a torch function (torch.special.erf)")
+    return OpCase(name, name, fn, (), (), kind="aten" if name.startswith("aten.") else "api", kwargs=dict(kwargs or {}))
 
 
 def _lookup(name: str) -> Callable[..., Any] | None:
-    if name in BUILTIN:
-        return BUILTIN[name].fn
     parts = name.split(".")
     if parts[0] == "aten" and len(parts) in (2, 3):
         packet = getattr(torch.ops.aten, parts[1], None)
