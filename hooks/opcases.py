@@ -223,9 +223,16 @@ def make_inputs(case: OpCase, shapes: list[list[int]], regime: str, seed: int,
             t = torch.randint(0, bound, tuple(shape), generator=gen)
         else:
             raise CaseError(f"op {case.name}: unknown input role {role!r}")
-        if t.is_floating_point():
-            for dt in exact_in:
-                r = t.to(dt).float()
-                t = torch.where(torch.isfinite(r) & ((r != 0) | (t == 0)) | torch.isnan(t), r, t)
-        out.append(t)
+        out.append(exact_values(t, exact_in))
     return out
+
+
+def exact_values(t: torch.Tensor, dtypes: Sequence[torch.dtype]) -> torch.Tensor:
+    """``t`` rounded to each of ``dtypes`` (in order) wherever that dtype holds the value: finite,
+    and not flushed to zero. Other elements (and non-float tensors) are left as they are."""
+    if not t.is_floating_point():
+        return t
+    for dt in dtypes:
+        r = t.to(dt).to(t.dtype)
+        t = torch.where(torch.isfinite(r) & ((r != 0) | (t == 0)) | torch.isnan(t), r, t)
+    return t

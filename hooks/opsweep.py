@@ -26,7 +26,7 @@ from accuracy.sweep_report import SweepReport, rows_from_comparison
 from hooks.capture import CaptureOptions
 from hooks.environment import environment
 from hooks.fp8 import FP8_DTYPES, quantize_dequantize
-from hooks.opcases import BUILTIN, REGIMES, CaseError, OpCase, make_inputs, parse_shapes, resolve_case
+from hooks.opcases import BUILTIN, REGIMES, CaseError, OpCase, exact_values, make_inputs, parse_shapes, resolve_case
 from hooks.recorder import Recorder
 
 TARGET_VARIANTS = ("fp32", "fp16", "bf16", "int8", "fp8-e4m3", "fp8-e5m2")
@@ -106,6 +106,7 @@ class PlannedCase:
     regime: str
     signature: str
     seed: int
+    inputs: tuple[torch.Tensor, ...] | None = None  # given inputs (pytest plugin); None: generated from seed
 
 
 def _ops_from_bundle(path: str, max_shapes: int) -> list[OpSpec]:
@@ -171,13 +172,15 @@ def _recorder(out: Path) -> Recorder:
     return Recorder(out, CaptureOptions(level="aten", mode="full", progress=False))
 
 
-def run_reference(cfg: SweepConfig, out: str | os.PathLike[str], progress: Callable[[str], None] | None = None) -> Path:
+def run_reference(cfg: SweepConfig, out: str | os.PathLike[str], progress: Callable[[str], None] | None = None,
+                  planned: list[PlannedCase] | None = None) -> Path:
     """Generate every case's inputs, run the op on the reference device in float32, and write the
-    reference bundle (outputs, the inputs, and ``run.sweep``)."""
+    reference bundle (outputs, the inputs, and ``run.sweep``). ``planned``: these cases instead of
+    :func:`plan`'s."""
     from hooks.devices import default_device
     from hooks.runner import check_device
 
-    planned, skipped = plan(cfg)
+    planned, skipped = (planned, []) if planned is not None else plan(cfg)
     if not planned:
         raise CaseError("nothing to sweep: " + ("; ".join(skipped) or "no ops"))
     device = cfg.reference_device or ("cuda" if default_device() == "cuda" else "cpu")
@@ -189,7 +192,8 @@ def run_reference(cfg: SweepConfig, out: str | os.PathLike[str], progress: Calla
         if progress:
             progress(p.key)
         try:
-            inputs = make_inputs(p.case, parse_shapes(p.signature), p.regime, p.seed, exact)
+            inputs = ([exact_values(t, exact) for t in p.inputs] if p.inputs is not None
+                      else make_inputs(p.case, parse_shapes(p.signature), p.regime, p.seed, exact))
         except CaseError as e:
             rec.diagnose(p.key, f"not swept: {e}")
             continue
@@ -233,9 +237,10 @@ def _to_target(t: torch.Tensor, variant: str, device: str) -> torch.Tensor:
 
 
 def run_target(reference: str | os.PathLike[str], out: str | os.PathLike[str], variant: str, device: str = "cpu",
-               progress: Callable[[str], None] | None = None) -> Path:
+               progress: Callable[[str], None] | None = None, cases: Mapping[str, OpCase] | None = None) -> Path:
     """Run every case of a sweep reference bundle on ``device`` in ``variant``, on the inputs the
-    reference stored, and write the target bundle (same op keys)."""
+    reference stored, and write the target bundle (same op keys). ``cases``: the case of each key
+    (functions under test); default: resolved by the op name the reference noted."""
     from hooks.replay import _load as load_input
     from hooks.runner import check_device
 
@@ -252,7 +257,7 @@ def run_target(reference: str | os.PathLike[str], out: str | os.PathLike[str], v
             progress(key)
         try:
             record = ref.record(key)
-            case = resolve_case(meta["op"], meta.get("kwargs"))
+            case = cases[key] if cases is not None else resolve_case(meta["op"], meta.get("kwargs"))
             inputs = [load_input(ref, n, "cpu", None) for n in record.input_tensors or []]
         except (KeyError, CaseError) as e:
             rec.diagnose(key, f"not run: {e}")
@@ -273,11 +278,14 @@ class SweepResult:
     report: SweepReport
 
 
-def run_sweep(cfg: SweepConfig, out_dir: str | os.PathLike[str], progress: bool | None = None) -> SweepResult:
+def run_sweep(cfg: SweepConfig, out_dir: str | os.PathLike[str], progress: bool | None = None,
+              planned: list[PlannedCase] | None = None, budgets: Mapping[str, Any] | None = None) -> SweepResult:
     """Reference bundle, one target bundle per dtype, and the report per op x dtype x shape x regime.
 
     Writes ``OUT_DIR/reference.bundle`` and ``OUT_DIR/<dtype>.bundle``; each target compares
     against the reference with ``accuracy.compare(..., mode="replay")``, as ``opband compare`` does.
+    ``planned``: run these cases (e.g. a function under test) instead of the config's ops;
+    ``budgets``: per-op budget overrides, as ``opband compare --budgets``.
     """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -285,23 +293,24 @@ def run_sweep(cfg: SweepConfig, out_dir: str | os.PathLike[str], progress: bool 
     cfg.validate()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    planned, _ = plan(cfg)
+    cases = {p.key: p.case for p in planned} if planned is not None else None
+    planned = planned if planned is not None else plan(cfg)[0]
     console = Console(stderr=True)
     show = console.is_terminal if progress is None else progress
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, disable=not show, transient=True) as bar:
         task = bar.add_task("reference fp32", total=len(planned))
-        ref = run_reference(cfg, out / "reference.bundle", lambda _k: bar.advance(task))
+        ref = run_reference(cfg, out / "reference.bundle", lambda _k: bar.advance(task), planned if cases is not None else None)
         targets: dict[str, Path] = {}
         for variant in cfg.dtypes:
             task = bar.add_task(f"target {variant}", total=len(planned))
             targets[variant] = run_target(ref, out / f"{variant}.bundle", variant, cfg.target_device,
-                                          lambda _k, t=task: bar.advance(t))
+                                          lambda _k, t=task: bar.advance(t), cases)
         ref_bundle = Bundle.open(ref)
         rows = []
         for variant, path in targets.items():
             rows += rows_from_comparison(ref_bundle.manifest.run["sweep"]["cases"],
-                                         compare(ref_bundle, path, mode="replay"), variant)
+                                         compare(ref_bundle, path, mode="replay", budgets=budgets), variant)
     skipped = list(ref_bundle.manifest.run["sweep"].get("skipped") or [])
     skipped += [f"{d.key}: {d.message}" for d in ref_bundle.manifest.diagnostics]
     return SweepResult(ref, targets, SweepReport(rows, skipped))
