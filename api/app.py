@@ -17,8 +17,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, 
 from api.errors import ServiceError
 from api.middleware import RequestLog
 from api.observability import JobsByStatus, configure_logging
-from api.routes import router
-from api.routes_review import router as review_router
+from api.routes.core import router
+from api.routes.review import router as review_router
 from api.services import Services
 from api.settings import Settings
 

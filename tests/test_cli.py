@@ -9,7 +9,7 @@ from pathlib import Path
 
 
 def opband(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "api.cli", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "opband.cli", *args], capture_output=True, text=True, timeout=timeout)
 
 
 def test_capture_and_compare_offline(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
 from accuracy.report import fmt, op_words
-from api.client import Client
+from opband.client import Client
 
 EXIT_PASS, EXIT_FAIL, EXIT_ERROR = 0, 1, 2
 

@@ -15,11 +15,11 @@ from sqlalchemy.exc import IntegrityError
 from accuracy.bundle import Bundle
 from accuracy.errors import BundleError
 from accuracy.manifest import Record
-from api.db import Database
+from api.store.db import Database
 from api.errors import InvalidInput, TooLarge
-from api.models import BundleRow, OpRecordRow, Project
+from api.store.models import BundleRow, OpRecordRow, Project
 from api.observability import UPLOAD_BYTES
-from api.store import BlobStore
+from api.store.blobs import BlobStore
 
 
 class SpooledUpload:
@@ -114,7 +114,7 @@ def store_bundle(db: Database, store: BlobStore, project: Project, upload: Spool
         upload.discard()
 
 
-#: record fields stored in indexed columns, and their column widths (api/models.py)
+#: record fields stored in indexed columns, and their column widths (api/store/models.py)
 RECORD_LIMITS = {"key": 1000, "module": 800, "op": 200, "dtype": 40}
 
 

@@ -8,9 +8,9 @@ from datetime import UTC, datetime
 from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 
-from api.db import Database
+from api.store.db import Database
 from api.errors import Conflict, InvalidInput, NotFound
-from api.models import AcceptedDeviation, Baseline, BaselineMember, Comparison, Project, Regression, utcnow
+from api.store.models import AcceptedDeviation, Baseline, BaselineMember, Comparison, Project, Regression, utcnow
 from api.schemas import BaselinePublic, DeviationCreate, DeviationPublic
 
 

@@ -10,11 +10,11 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
 from accuracy.compare import is_golden_run
-from api import queries
+from api.store import queries
 from api.auth import authorize
 from api.errors import InvalidInput, NotFound
-from api.ingest import spool, store_bundle
-from api.models import Comparison, Project
+from api.store.ingest import spool, store_bundle
+from api.store.models import Comparison, Project
 from api.schemas import (
     BundleDetail, BundlePublic, ComparisonCreate, ComparisonPublic, DriftSeries, OpResultPublic, Page,
     ProjectPublic, RegressionPublic,

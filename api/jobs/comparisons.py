@@ -26,14 +26,14 @@ from sqlalchemy.orm import lazyload
 import accuracy
 from accuracy.errors import OpbandError
 from accuracy.report import op_to_dict
-from api.db import Database
-from api.models import (
+from api.store.db import Database
+from api.store.models import (
     AcceptedDeviation, Baseline, BaselineMember, Comparison, OpResultRow, Project, Regression, Series, utcnow,
 )
 from api.observability import JOB_SECONDS, JOBS_FINISHED
 from api.schemas import SEVERITY_INF
 from api.settings import Settings
-from api.store import BlobStore
+from api.store.blobs import BlobStore
 
 log = logging.getLogger("opband.jobs")
 _CLAIM_LOCK = threading.Lock()  # SQLite has no SKIP LOCKED: serialise claims within the process

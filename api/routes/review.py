@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
-from api import curation, queries
+from api.store import curation, queries
 from api.auth import authorize
-from api.models import Project
-from api.routes import ProjectName, ServicesDep, TokenDep, project_by_id, read_project
+from api.store.models import Project
+from api.routes.core import ProjectName, ServicesDep, TokenDep, project_by_id, read_project
 from api.schemas import (
     BaselineCreate, BaselinePromote, BaselinePublic, BundleDiff, DeviationCreate, DeviationPublic, Page,
     ProjectPublic, ProjectUpdate, RegressionPublic, RegressionUpdate,

@@ -7,9 +7,9 @@ from typing import Any, TypeVar
 from sqlalchemy import Select, case, func, select
 
 from accuracy.verdicts import TABLE_ORDER
-from api.db import Database
+from api.store.db import Database
 from api.errors import InvalidInput, NotFound
-from api.models import BundleRow, Comparison, OpResultRow, Project, Regression, Series
+from api.store.models import BundleRow, Comparison, OpResultRow, Project, Regression, Series
 from api.schemas import SEVERITY_INF, BundleDiff, DriftPoint, DriftSeries, EnvironmentChange
 
 METRIC_COLUMNS = {

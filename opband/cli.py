@@ -170,7 +170,7 @@ def _open_db(settings):  # type: ignore[no-untyped-def]
     not at the schema head."""
     from sqlalchemy.exc import DBAPIError
 
-    from api.db import Database, SchemaOutOfDate, check_schema
+    from api.store.db import Database, SchemaOutOfDate, check_schema
 
     db = Database(settings)
     try:
@@ -203,7 +203,7 @@ def serve(
     data_dir: DataDir = Path(".opband"),
 ) -> None:
     """Run the service (API + dashboard at /) on embedded defaults: SQLite + a blob folder."""
-    from api.db import upgrade
+    from api.store.db import upgrade
     from api.server import serve as run
 
     settings = _settings(host=host, port=port, data_dir=data_dir)
@@ -225,7 +225,7 @@ def upload(
     token: Annotated[Optional[str], typer.Option(envvar="OPBAND_TOKEN", help="project write token")] = None,
 ) -> None:
     """Upload one bundle; prints its id (the same bytes again give the same id)."""
-    from api.client import Client, ClientError
+    from opband.client import Client, ClientError
 
     try:
         row = Client(server, token).upload(project, bundle)
@@ -247,8 +247,8 @@ def gate(
     markdown: Annotated[Optional[Path], typer.Option(help="write a Markdown summary (for PR comments)")] = None,
 ) -> None:
     """CI gate: exit 0 when every op is in band, 1 when one is out of band, 2 on usage/infrastructure errors."""
-    from api.client import ClientError
-    from api.gate import EXIT_ERROR, run_gate
+    from opband.client import ClientError
+    from opband.gate import EXIT_ERROR, run_gate
 
     for p in (reference, target):
         if not p.is_file():
@@ -270,7 +270,7 @@ def demo(
     targets: Annotated[str, typer.Option(help="comma-separated targets: variants, and fp32-bug (an injected kernel bug)")] = "bf16,int8,fp32-bug",
 ) -> None:
     """Capture a small Llama-style decoder (fp32 reference; bf16, int8 and a buggy fp32 target), upload, compare, show."""
-    from api.demo import run_demo
+    from opband.demo import run_demo
 
     raise typer.Exit(run_demo(data_dir, port=port, keep_serving=serve, targets=targets.split(","), echo=typer.echo))
 
@@ -314,7 +314,7 @@ def sweep(
 @db_app.command("upgrade")
 def db_upgrade(data_dir: DataDir = Path(".opband"), revision: str = "head") -> None:
     """Migrate the database (OPBAND_DATABASE_URL or the data dir's SQLite) to the latest schema."""
-    from api.db import upgrade as run
+    from api.store.db import upgrade as run
 
     settings = _settings(data_dir=data_dir)
     run(settings.effective_database_url, revision)
@@ -345,9 +345,9 @@ def worker(
     """Run comparison jobs from the shared database until interrupted (scale-out workers)."""
     import signal
 
-    from api.jobs import run_worker_forever
+    from api.jobs.comparisons import run_worker_forever
     from api.observability import configure_logging, serve_worker_metrics
-    from api.store import make_store
+    from api.store.blobs import make_store
 
     settings = _settings(data_dir=data_dir)
     configure_logging(settings)
