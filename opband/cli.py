@@ -14,7 +14,10 @@ app = typer.Typer(help="opband: find the operator that lost accuracy on new hard
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 db_app = typer.Typer(help="Database schema (alembic migrations).", no_args_is_help=True)
 token_app = typer.Typer(help="Project tokens for the service's auth.", no_args_is_help=True)
+import_app = typer.Typer(help="Import peers' dumps (msprobe, Polygraphy) as bundles for compare, bands and the service.",
+                         no_args_is_help=True)
 app.add_typer(db_app, name="db")
+app.add_typer(import_app, name="import")
 app.add_typer(token_app, name="token")
 
 DataDir = Annotated[Path, typer.Option("--data-dir", help="embedded database and blobs live here", envvar="OPBAND_DATA_DIR")]
@@ -309,6 +312,46 @@ def sweep(
     if json_out:
         write_report(json_out, result.report.to_json())
     raise typer.Exit(1 if check and not result.report else 0)
+
+
+@import_app.command("msprobe")
+def import_msprobe(
+    dump: Annotated[Path, typer.Argument(help="msprobe dump_path (one step/rank), its step*/proc*/ folder, or dump.json")],
+    out: Annotated[Path, typer.Option("-o", "--out", help="bundle file to write")],
+) -> None:
+    """An msprobe (MindStudio Probe) PyTorch dump -> bundle. L0 and mix-level keys match `opband capture`'s;
+    tensors are read by torch's weights_only loader (anything else is refused)."""
+    from hooks.peers import PeerDumpError, import_msprobe as run
+
+    try:
+        _echo_written(run(dump, out))
+    except PeerDumpError as e:
+        _fail(str(e))
+
+
+@import_app.command("polygraphy")
+def import_polygraphy(
+    results: Annotated[Path, typer.Argument(help="JSON from `polygraphy run ... --save-outputs RESULTS.json`")],
+    out: Annotated[Path, typer.Option("-o", "--out", help="bundle file to write")],
+    runner: Annotated[Optional[str], typer.Option(help="runner name, when the file holds several")] = None,
+    iteration: Annotated[int, typer.Option(help="which iteration of the runner")] = 0,
+) -> None:
+    """Polygraphy run results -> bundle (ONNX output names become module/op keys; arrays read with allow_pickle=False)."""
+    from hooks.peers import PeerDumpError, import_polygraphy as run
+
+    try:
+        _echo_written(run(results, out, runner=runner, iteration=iteration))
+    except PeerDumpError as e:
+        _fail(str(e))
+
+
+def _echo_written(path: Path) -> None:
+    from accuracy.bundle import Bundle
+
+    b = Bundle.open(path)
+    typer.echo(f"wrote {path} ({len(b.records)} records, {len(b.manifest.diagnostics)} diagnostics)")
+    for d in b.manifest.diagnostics[:5]:
+        typer.echo(f"  {d.key}: {d.message}")
 
 
 @db_app.command("upgrade")

@@ -44,7 +44,9 @@ def find_dump_json(source: str | os.PathLike[str]) -> Path:
         return p
     if not p.is_dir():
         raise PeerDumpError(f"{p} does not exist: give msprobe's dump_path (or a step*/proc*/ folder, or dump.json)")
-    found = sorted(p.glob("dump.json")) or sorted(p.glob("*/dump.json")) or sorted(p.glob("*/*/dump.json"))
+    found: list[Path] = []
+    for pattern in ("dump.json", "*/dump.json", "*/*/dump.json", "*/*/*/dump.json"):
+        found = found or sorted(p.glob(pattern))
     if not found:
         raise PeerDumpError(f"no dump.json under {p}: is it msprobe's dump_path? (expected step*/proc*/dump.json)")
     if len(found) > 1:

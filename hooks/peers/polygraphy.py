@@ -93,6 +93,7 @@ def import_polygraphy(source: str | os.PathLike[str], out: str | os.PathLike[str
         rec.record("api", module, op, key, ordinal, torch.from_numpy(arr))
         for r in rec.records[first:]:
             r.update(output=index, tensor=r["tensor"])  # type: ignore[union-attr]
-    run = {"variant": "fp32", "device": name, "level": "api", "mode": "full", "target": name,
+    target = re.sub(r"-N\d+-.*$", "", name)  # "onnxrt-runner-N0-12/01/26-15:06:56" -> "onnxrt-runner"
+    run = {"variant": "fp32", "device": target, "level": "api", "mode": "full", "target": target,
            "imported_from": {"tool": "polygraphy", "runner": name, "iteration": iteration, "results": str(path)}}
     return rec.finish(run, {"importer": "opband import polygraphy"})
