@@ -314,6 +314,28 @@ def sweep(
     raise typer.Exit(1 if check and not result.report else 0)
 
 
+@app.command()
+def coverage(
+    bundles: Annotated[list[Path], typer.Argument(help="bundles: captures, sweep references and targets, imports")],
+    op_list: Annotated[Optional[Path], typer.Option(help="file of ops to cover, one per line (aten.mm, aten.add.Tensor); prints the covered share")] = None,
+    reference: Annotated[Optional[Path], typer.Option(help="judge every non-sweep target against this reference (default: the first fp32 capture of the same model)")] = None,
+    judge: Annotated[bool, typer.Option("--judge/--no-judge", help="compare targets with their references for pass/fail (default on)")] = True,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="write the matrix as JSON")] = None,
+) -> None:
+    """Which ops, overloads, dtypes, input-shape classes and value regimes these runs exercised, per model, with
+    pass/fail and band state, and the share of an op list they cover."""
+    from accuracy.coverage import coverage_of_bundles, load_op_list
+    from accuracy.errors import OpbandError
+
+    try:
+        report = coverage_of_bundles(bundles, load_op_list(op_list) if op_list else None, judge=judge, reference=reference)
+    except OpbandError as e:
+        _fail(str(e))
+    typer.echo(report.to_text())
+    if json_out:
+        write_report(json_out, json.dumps(report.to_dict(), indent=2))
+
+
 @import_app.command("msprobe")
 def import_msprobe(
     dump: Annotated[Path, typer.Argument(help="msprobe dump_path (one step/rank), its step*/proc*/ folder, or dump.json")],
