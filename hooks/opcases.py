@@ -44,6 +44,7 @@ class OpCase:
     outputs: tuple[int, ...] | None = None  # outputs to record (None: all); topk/sort indices tie-break freely
     aten: tuple[str, ...] = ()  # ATen op names a captured bundle may show for it
     kwargs: dict[str, Any] = field(default_factory=dict)
+    recorded_call: dict[str, Any] | None = None  # an op call a capture recorded (``--inputs``), replayed with new tensors
 
     def call(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Run the op; the recorded output tensors, in order."""
@@ -108,7 +109,7 @@ LLM_CASES: tuple[OpCase, ...] = (
           "2x16x16x16,32x16x3x3,32", aten=("aten.conv2d", "aten.convolution")),
 )
 BUILTIN: dict[str, OpCase] = {c.name: c for c in LLM_CASES}
-_BY_ATEN: dict[str, OpCase] = {a: c for c in LLM_CASES for a in c.aten}
+BY_ATEN: dict[str, OpCase] = {a: c for c in LLM_CASES for a in c.aten}
 
 
 class CaseError(ValueError):
@@ -122,13 +123,35 @@ def resolve_case(name: str, kwargs: dict[str, Any] | None = None) -> OpCase:
     if not kwargs:
         if name in BUILTIN:
             return BUILTIN[name]
-        if name in _BY_ATEN:
-            return _BY_ATEN[name]
+        if name in BY_ATEN:
+            return BY_ATEN[name]
     fn = _lookup(name)
     if fn is None:
         raise CaseError(f"unknown op {name!r}: use a built-in name ({', '.join(BUILTIN)}; they take no kwargs), "
                         "an ATen op (aten.erf) or a torch function (torch.special.erf)")
     return OpCase(name, name, fn, (), (), kind="aten" if name.startswith("aten.") else "api", kwargs=dict(kwargs or {}))
+
+
+def call_case(call: dict[str, Any], input_dtypes: Sequence[str | None]) -> OpCase:
+    """A case that replays a call a capture recorded (its op overload and non-tensor arguments) on
+    generated tensors: floating inputs take the regime, bool inputs are random masks, integer
+    inputs are zeros."""
+    from hooks.opcall import decode_call, resolve_target
+
+    target = str(call.get("target", ""))
+    try:
+        fn = resolve_target(target)
+    except (AttributeError, ValueError) as e:
+        raise CaseError(f"recorded call {target!r} names no torch op: {e}") from None
+
+    def run(*tensors: torch.Tensor) -> Any:
+        args, kwargs = decode_call(call, tensors, str(tensors[0].device) if tensors else None)
+        return fn(*args, **kwargs)
+
+    roles = tuple("data" if (d or "").startswith(("float", "bfloat")) else "mask" if d == "bool" else "zeros"
+                  for d in input_dtypes if d is not None)
+    packet = ".".join(target.split(".")[:2])
+    return OpCase(target, packet, run, roles, kind="aten", recorded_call=call)
 
 
 def _lookup(name: str) -> Callable[..., Any] | None:
@@ -215,6 +238,10 @@ def make_inputs(case: OpCase, shapes: list[list[int]], regime: str, seed: int,
         elif role == "param":
             t = torch.randn(tuple(shape), generator=gen)
             t = 1.0 + 0.1 * t if len(shape) <= 1 else t / math.sqrt(max(shape[-1], 1))
+        elif role == "mask":
+            t = torch.rand(tuple(shape), generator=gen) < 0.5
+        elif role == "zeros":  # integer inputs of a recorded call: index 0 is valid wherever an index is
+            t = torch.zeros(tuple(shape), dtype=torch.int64)
         elif role.startswith("index@"):
             i, d = (int(v) for v in role[6:].split("."))
             bound = shapes[i][d] if i < len(shapes) and d < len(shapes[i]) else 0

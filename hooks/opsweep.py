@@ -26,7 +26,9 @@ from accuracy.sweep_report import SweepReport, rows_from_comparison
 from hooks.capture import CaptureOptions
 from hooks.environment import environment
 from hooks.fp8 import FP8_DTYPES, quantize_dequantize
-from hooks.opcases import BUILTIN, REGIMES, CaseError, OpCase, exact_values, make_inputs, parse_shapes, resolve_case
+from hooks.opcases import (
+    BY_ATEN, BUILTIN, REGIMES, CaseError, OpCase, call_case, exact_values, make_inputs, parse_shapes, resolve_case,
+)
 from hooks.recorder import Recorder
 
 TARGET_VARIANTS = ("fp32", "fp16", "bf16", "int8", "fp8-e4m3", "fp8-e5m2")
@@ -42,6 +44,8 @@ class OpSpec:
     shapes: list[str] = field(default_factory=list)
     kwargs: dict[str, Any] | None = None
     label: str | None = None
+    call: dict[str, Any] | None = None  # a call recorded by a capture with --inputs (op overload + arguments)
+    input_dtypes: list[str | None] | None = None  # of that call's tensor inputs
 
 
 @dataclass
@@ -110,18 +114,33 @@ class PlannedCase:
 
 
 def _ops_from_bundle(path: str, max_shapes: int) -> list[OpSpec]:
-    """The ATen ops of a captured bundle with their recorded tensor input shapes (most frequent first)."""
+    """The ATen ops of a captured bundle at their recorded tensor input shapes (most frequent first).
+    A bundle captured with ``--inputs`` also recorded each call: those calls are replayed as they
+    were (overload, dims, scalars) on generated tensors; the built-in case of an op comes first."""
     b = Bundle.open(path)
-    seen: dict[str, dict[str, int]] = {}
+    calls = b.manifest.run.get("calls") or {}
+    seen: dict[str, dict[str, list[Any]]] = {}
     for r in b.records:
         if r.kind != "aten" or r.output != 0:
             continue
         shapes = [s for s in r.input_shapes if s is not None]
         if shapes:
-            sigs = seen.setdefault(r.op, {})
             sig = shape_signature(shapes)
-            sigs[sig] = sigs.get(sig, 0) + 1
-    return [OpSpec(op, [s for s, _ in sorted(sigs.items(), key=lambda kv: -kv[1])[:max_shapes]]) for op, sigs in seen.items()]
+            entry = seen.setdefault(r.op, {}).setdefault(sig, [0, calls.get(r.key), r.input_dtypes])
+            entry[0] += 1
+    specs = []
+    for op, sigs in seen.items():
+        plain: list[str] = []
+        for sig, (_, call, dtypes) in sorted(sigs.items(), key=lambda kv: -kv[1][0])[:max_shapes]:
+            builtin = BY_ATEN.get(op)
+            if call and (builtin is None or len(builtin.roles) != sig.count(",") + 1):
+                specs.append(OpSpec(op, [sig], call=call, input_dtypes=list(dtypes),
+                                    label=str(call.get("target", op)).replace(".", "_")))
+            else:
+                plain.append(sig)
+        if plain:
+            specs.append(OpSpec(op, plain))
+    return specs
 
 
 def plan(cfg: SweepConfig) -> tuple[list[PlannedCase], list[str]]:
@@ -136,7 +155,8 @@ def plan(cfg: SweepConfig) -> tuple[list[PlannedCase], list[str]]:
     keys: set[str] = set()
     for spec in specs:
         try:
-            case = resolve_case(spec.name, spec.kwargs)
+            case = (call_case(spec.call, spec.input_dtypes or []) if spec.call is not None
+                    else resolve_case(spec.name, spec.kwargs))
         except CaseError as e:
             skipped.append(f"{spec.name}: {e}")
             continue
@@ -157,6 +177,8 @@ def plan(cfg: SweepConfig) -> tuple[list[PlannedCase], list[str]]:
             for regime in cfg.regimes:
                 key = f"sweep.{label}.{regime}.{sig.replace(',', '_')}/{case.op}#0"
                 if key in keys:
+                    if spec.call is not None:
+                        continue  # another recorded call of the same overload and shapes (other scalars): the first is kept
                     raise CaseError(f"op {spec.name} appears twice with shape {sig}: give one of them a label")
                 keys.add(key)
                 planned.append(PlannedCase(key, case, label, regime, sig, cfg.seed + len(planned)))
@@ -200,6 +222,9 @@ def run_reference(cfg: SweepConfig, out: str | os.PathLike[str], progress: Calla
         names = rec.snapshot_inputs(p.key, inputs)
         cases[p.key] = {"op": p.case.name if p.case.name in BUILTIN else p.case.op, "label": p.label,
                         "kwargs": p.case.kwargs or None, "regime": p.regime, "shape": p.signature, "seed": p.seed}
+        if p.case.recorded_call is not None:
+            cases[p.key]["call"] = p.case.recorded_call
+            cases[p.key]["input_dtypes"] = [str(t.dtype).removeprefix("torch.") for t in inputs]
         _run_case(rec, p.key, p.case, [t.to(device) for t in inputs], names)
     run = {"variant": "fp32", "device": device, "level": "aten", "mode": "full",
            "sweep": {"cases": cases, "regimes": {r: REGIMES[r] for r in cfg.regimes},
@@ -257,7 +282,9 @@ def run_target(reference: str | os.PathLike[str], out: str | os.PathLike[str], v
             progress(key)
         try:
             record = ref.record(key)
-            case = cases[key] if cases is not None else resolve_case(meta["op"], meta.get("kwargs"))
+            case = (cases[key] if cases is not None
+                    else call_case(meta["call"], meta.get("input_dtypes") or []) if meta.get("call")
+                    else resolve_case(meta["op"], meta.get("kwargs")))
             inputs = [load_input(ref, n, "cpu", None) for n in record.input_tensors or []]
         except (KeyError, CaseError) as e:
             rec.diagnose(key, f"not run: {e}")

@@ -146,6 +146,21 @@ def test_from_bundle_sweeps_the_models_ops_at_recorded_shapes(tmp_path: Path) ->
     assert {r.verdict for r in report.rows} == {"pass"}, report.to_text()
     assert any("aten." in s for s in report.skipped), "ops needing non-tensor arguments are listed as skipped"
 
+    # captured with --inputs, each call was recorded: replayed as it was (overload, scalars) on new tensors
+    with torch.no_grad(), capture(model, tmp_path / "calls.bundle", progress=False, inputs=True):
+        model(ids)
+    cfg = SweepConfig(from_bundle=str(tmp_path / "calls.bundle"), dtypes=["bf16"], regimes=["normal", "large"])
+    result = run_sweep(cfg, tmp_path / "calls", progress=False)
+    rows = {(r.op, r.shape, r.regime): r for r in result.report.rows}
+    assert not result.report.skipped and {r.verdict for r in rows.values()} == {"pass"}
+    assert ("aten_div_Tensor", "2x2x8x8", "large") in rows and ("aten_masked_fill_Scalar", "2x2x8x8,8x8", "normal") in rows
+    ref = Bundle.open(result.reference)
+    key = rows[("aten_div_Tensor", "2x2x8x8", "large")].key
+    call = ref.manifest.run["sweep"]["cases"][key]["call"]
+    assert call["target"] == "aten.div.Tensor" and call["args"][1] == 4.0, "the scores' scale 1/sqrt(head dim 16)"
+    x = ref.values(ref.record(key).input_tensors[0])
+    assert (ref.record_values(key) == x / 4.0).all()
+
 
 def test_cli_sweep(tmp_path: Path) -> None:
     r = subprocess.run([OPBAND, "sweep", "--op", "softmax", "--op", "sum", "--dtype", "fp16", "--regime", "normal",
