@@ -290,6 +290,8 @@ def sweep(
     reference_device: Annotated[Optional[str], typer.Option(help="reference device (default cuda when present, else cpu)")] = None,
     target_device: Annotated[Optional[str], typer.Option(help="target device (default cpu)")] = None,
     seed: Annotated[Optional[int], typer.Option(help="seed of the generated inputs")] = None,
+    max_shapes: Annotated[Optional[int], typer.Option(help="with --from-bundle: input shapes per op, most frequent first (default 3)")] = None,
+    exact_inputs: Annotated[Optional[bool], typer.Option("--exact-inputs/--raw-inputs", help="round inputs to what the target dtypes hold, so the sweep measures kernels, not input casts (default on)")] = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write every row (op, dtype, shape, regime, verdict, errors) as JSON")] = None,
     check: Annotated[bool, typer.Option("--check", metavar="", help="exit 1 when a case fails (default: report only)")] = False,
 ) -> None:
@@ -303,7 +305,7 @@ def sweep(
     try:
         cfg = make_config(sweep_file, ops=ops or (), shapes=shapes, dtypes=dtypes, regimes=regimes,
                           from_bundle=str(from_bundle) if from_bundle else None, reference_device=reference_device,
-                          target_device=target_device, seed=seed)
+                          target_device=target_device, seed=seed, max_shapes=max_shapes, exact_inputs=exact_inputs)
         result = run_sweep(cfg, out)
     except (CaseError, OpbandError, ValueError) as e:
         _fail(str(e))
