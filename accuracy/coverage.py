@@ -66,18 +66,29 @@ def exercises_of(manifest: Manifest, fallback_model: str, cases: Mapping[str, An
         call = calls.get(r.key) if isinstance(calls, Mapping) else None
         regime = str(cases[r.key].get("regime")) if r.key in cases and isinstance(cases[r.key], Mapping) else "model"
         verdict, band = (verdicts or {}).get(r.index, (None, None))
-        out.append(Exercise(model, r.op, compute_dtype(r.input_dtypes, r.dtype), shape_signature(r.input_shapes),
+        out.append(Exercise(model, r.op, compute_dtype(r.input_dtypes, r.dtype, manifest.variant),
+                            shape_signature(r.input_shapes),
                             regime, str(call["target"]) if isinstance(call, Mapping) and "target" in call else None,
                             r.key, verdict, band))
     return out
 
 
-def compute_dtype(input_dtypes: Sequence[str | None], output_dtype: str) -> str:
-    """The dtype an op computed in: its first floating input's, else its output's."""
+#: Variants whose float tensors carry another format's rounding (quantized or emulated): the
+#: dtype an op was exercised in is the variant's, not float32.
+QUANTIZED_VARIANTS = ("int8", "fp8-e4m3", "fp8-e5m2")
+
+
+def compute_dtype(input_dtypes: Sequence[str | None], output_dtype: str, variant: str = "fp32") -> str:
+    """The dtype an op computed in: its first floating input's, else its output's; a float op of an
+    int8/FP8 run is counted as that variant (``int8``)."""
+    dtype = output_dtype
     for d in input_dtypes:
         if d and (d.startswith("float") or d.startswith("bfloat") or d.startswith("q")):
-            return d
-    return output_dtype
+            dtype = d
+            break
+    if variant in QUANTIZED_VARIANTS and dtype.startswith(("float", "q")):
+        return variant
+    return dtype
 
 
 def shape_class(signature: str) -> str:

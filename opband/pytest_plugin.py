@@ -19,6 +19,7 @@ uses the project's bands once it has history) decides.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -62,8 +63,6 @@ class Checker:
         self.defaults: dict[str, Any] = dict(marker.kwargs) if marker else {}
         self.target: str = opt("--opband-target")
         self.reference: str | None = opt("--opband-reference")
-        import os
-
         self.server: str | None = opt("--opband-server") or os.environ.get("OPBAND_SERVER")
         self.project: str = opt("--opband-project")
         self.token: str | None = opt("--opband-token") or os.environ.get("OPBAND_TOKEN")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from accuracy.coverage import Exercise, coverage, coverage_of_bundles, load_op_list, shape_class
+from accuracy.coverage import Exercise, compute_dtype, coverage, coverage_of_bundles, load_op_list, shape_class
 from accuracy.errors import ConfigError
 from hooks import capture
 from hooks.opsweep import OpSpec, SweepConfig, run_sweep
@@ -22,6 +22,8 @@ def test_shape_classes() -> None:
     assert shape_class("64x256,256x128") == "2d:1e5,2d:1e5"  # 16384 and 32768 elements: the 1e5 decade
     assert shape_class("2x8x32,-,scalar") == "3d:1e3,0d"
     assert shape_class("0x4") == "2d:empty" and shape_class("1") == "1d:1e0" and shape_class("") == "no tensor inputs"
+    assert compute_dtype(["int64", "bfloat16"], "float32") == "bfloat16"  # an upcast: computed from bf16 inputs
+    assert compute_dtype(["float32"], "float32", "int8") == "int8" and compute_dtype([], "bool", "int8") == "bool"
 
 
 def test_matrix_and_op_list_share_from_exercises(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from accuracy.coverage import COUNTED_KINDS, Exercise, model_name
+from accuracy.coverage import COUNTED_KINDS, Exercise, compute_dtype, model_name
 from api.store.db import Database
 from api.store.models import BundleRow, Comparison, OpRecordRow, OpResultRow, Project
 
@@ -55,7 +55,8 @@ def project_exercises(db: Database, project: Project, max_bundles: int = 200) ->
             run: dict[str, Any] = b.run or {}
             call = (run.get("calls") or {}).get(r.key)
             verdict, band = verdicts.get((b.id, r.index), (None, None))
-            out.append(Exercise(model_name(run, b.label or b.id), r.op, r.dtype, r.shape_signature,
+            out.append(Exercise(model_name(run, b.label or b.id), r.op, compute_dtype([], r.dtype, b.variant),
+                                r.shape_signature,
                                 regimes.get(r.key, "model"), call.get("target") if isinstance(call, dict) else None,
                                 r.key, verdict, band))
     return out
