@@ -18,6 +18,11 @@ app.add_typer(db_app, name="db")
 app.add_typer(token_app, name="token")
 
 DataDir = Annotated[Path, typer.Option("--data-dir", help="embedded database and blobs live here", envvar="OPBAND_DATA_DIR")]
+Label = Annotated[Optional[str], typer.Option(help="a name for this run, e.g. nightly-2026-12-01 or pr-1234")]
+TargetName = Annotated[Optional[str], typer.Option("--target", "--target-name", help="the target name its drift series "
+                       "and regressions are kept under, e.g. ascend-910b/bf16 (default: variant@device)")]
+Tags = Annotated[Optional[list[str]], typer.Option("--tag", metavar="KEY=VALUE", help="free-form tag, repeatable: "
+                 "branch=main, commit=abc123, cann=8.0.RC2, driver=24.1, op-library=1.3")]
 
 
 class Variant(str, Enum):
@@ -72,19 +77,25 @@ def capture(
     inputs: Annotated[bool, typer.Option("--inputs", metavar="", help="also record op inputs (needed to --replay this bundle)")] = False,
     replay: Annotated[Optional[Path], typer.Option(help="re-run each op of this reference bundle (captured with --inputs) alone")] = None,
     golden: Annotated[bool, typer.Option("--golden", metavar="", help="with --replay: recompute each op in float64 on cpu")] = False,
+    label: Label = None,
+    target: TargetName = None,
+    tags: Tags = None,
 ) -> None:
     """Run the SPEC's model once under capture and write a bundle (or --replay a reference's ops)."""
     from hooks.runner import run_capture
-    from hooks.spec import SpecError
+    from hooks.spec import SpecError, UserCodeError
 
     from accuracy.errors import OpbandError
 
     if golden and replay is None:
         _fail("--golden recomputes a reference's ops in float64: give the reference with --replay REF_BUNDLE")
+    names = _names(label, target, tags)
     try:
         path = run_capture(spec, out, device=device, variant=variant.value, level=level.value, mode=mode.value,
                            seed=seed, modules=modules, ops=ops, max_bytes=max_bytes, replay=replay, golden=golden,
-                           **({"inputs": True} if inputs else {}))
+                           names=names, **({"inputs": True} if inputs else {}))
+    except UserCodeError as e:
+        _fail(f"{e}\nno bundle written: fix the code above and run `opband capture` again")
     except OpbandError as e:
         _fail(f"--replay {replay}: {e}" if replay is not None else str(e))
     except (SpecError, ValueError) as e:
@@ -152,6 +163,16 @@ def _load_config(path: Path) -> dict:  # type: ignore[type-arg]
     if data is not None and not isinstance(data, dict):
         raise ValueError(f"budgets file {path} must hold a mapping such as {{ops: {{'aten.mm': {{...}}}}}}")
     return data or {}
+
+
+def _names(label: str | None, target: str | None, tags: list[str] | None):  # type: ignore[no-untyped-def]
+    """The run's label, target name and tags from flags, or exit 2 saying what is wrong."""
+    from accuracy.manifest import run_names
+
+    try:
+        return run_names(label, target, tags)
+    except ValueError as e:
+        _fail(str(e))
 
 
 def _settings(**overrides: object):  # type: ignore[no-untyped-def]
@@ -223,12 +244,17 @@ def upload(
     server: Annotated[str, typer.Option(help="e.g. http://127.0.0.1:8000", envvar="OPBAND_SERVER")],
     project: Annotated[str, typer.Option(help="project name")],
     token: Annotated[Optional[str], typer.Option(envvar="OPBAND_TOKEN", help="project write token")] = None,
+    label: Label = None,
+    target: TargetName = None,
+    tags: Tags = None,
 ) -> None:
-    """Upload one bundle; prints its id (the same bytes again give the same id)."""
+    """Upload one bundle; prints its id (the same bytes again give the same id). --label, --target and
+    --tag override the names recorded at capture."""
     from opband.client import Client, ClientError
 
+    names = _names(label, target, tags)
     try:
-        row = Client(server, token).upload(project, bundle)
+        row = Client(server, token).upload(project, bundle, names=names)
     except (ClientError, OSError) as e:
         _fail(str(e))
     typer.echo(json.dumps(row, indent=2))
@@ -245,8 +271,13 @@ def gate(
     timeout: Annotated[float, typer.Option(help="seconds to wait for the comparison")] = 600.0,
     junit: Annotated[Optional[Path], typer.Option(help="write JUnit XML (one testcase per op)")] = None,
     markdown: Annotated[Optional[Path], typer.Option(help="write a Markdown summary (for PR comments)")] = None,
+    label: Label = None,
+    target_name: Annotated[Optional[str], typer.Option("--target-name", help="the target run's target name, e.g. "
+                           "ascend-910b/bf16: its series and regressions are kept under it (default: variant@device)")] = None,
+    tags: Tags = None,
 ) -> None:
-    """CI gate: exit 0 when every op is in band, 1 when one is out of band, 2 on usage/infrastructure errors."""
+    """CI gate: exit 0 when every op is in band, 1 when one is out of band, 2 on usage/infrastructure errors.
+    --label, --target-name and --tag name the target run."""
     from opband.client import ClientError
     from opband.gate import EXIT_ERROR, run_gate
 
@@ -255,7 +286,7 @@ def gate(
             _fail(f"{p} does not exist: capture it first with `opband capture`")
     try:
         code = run_gate(server, project, reference, target, token=token, mode=mode.value, timeout=timeout,
-                        junit=junit, markdown=markdown, echo=typer.echo)
+                        junit=junit, markdown=markdown, echo=typer.echo, names=_names(label, target_name, tags))
     except ClientError as e:
         typer.echo(f"error: {e}", err=True)
         code = EXIT_ERROR

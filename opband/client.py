@@ -10,6 +10,8 @@ from typing import Any
 
 import httpx
 
+from accuracy.manifest import RunNames
+
 
 class ClientError(RuntimeError):
     """The server refused or could not be reached; the message says what to do."""
@@ -36,8 +38,9 @@ class Client:
             raise ClientError(f"{method} {path} -> HTTP {r.status_code}: {detail}")
         return r.json()
 
-    def upload(self, project: str, bundle: str | os.PathLike[str]) -> dict[str, Any]:
-        """Stream a bundle file to the server; returns the bundle record (same bytes = same id)."""
+    def upload(self, project: str, bundle: str | os.PathLike[str], names: RunNames | None = None) -> dict[str, Any]:
+        """Stream a bundle file to the server; returns the bundle record (same bytes = same id).
+        ``names`` (label, target name, tags) override the manifest's for a first upload."""
         path = Path(bundle)
         try:
             size = path.stat().st_size
@@ -49,7 +52,13 @@ class Client:
                 while chunk := f.read(1 << 20):
                     yield chunk
 
+        params: dict[str, Any] = {}
+        if names is not None:
+            params = {k: v for k, v in (("label", names.label), ("target", names.target)) if v}
+            if names.tags:
+                params["tag"] = [f"{k}={v}" for k, v in names.tags.items()]
         return self._call("POST", f"/projects/{project}/bundles", content=body(),  # type: ignore[no-any-return]
+                          params=params,
                           headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)})
 
     def create_comparison(self, project: str, reference: str, target: str, mode: str = "propagated") -> dict[str, Any]:

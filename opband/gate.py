@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
+from accuracy.manifest import RunNames
 from accuracy.report import fmt, op_words
 from opband.client import Client
 
@@ -71,16 +72,17 @@ def markdown_summary(c: dict[str, Any], ops: list[dict[str, Any]], limit: int = 
 
 def run_gate(server: str, project: str, reference: Path, target: Path, *, token: str | None = None,
              mode: str = "propagated", timeout: float = 600.0, junit: Path | None = None,
-             markdown: Path | None = None, echo: Any = print, echo_err: Any = None) -> int:
+             markdown: Path | None = None, echo: Any = print, echo_err: Any = None,
+             names: RunNames | None = None) -> int:
     """Upload both bundles, compare, print the worst ops; return the exit code (errors go to
-    ``echo_err``, default stderr)."""
+    ``echo_err``, default stderr). ``names`` (label, target name, tags) name the target run."""
     import sys
 
     echo_err = echo_err or (lambda line: print(line, file=sys.stderr))
     client = Client(server, token)
     try:
         ref = client.upload(project, reference)
-        tgt = client.upload(project, target)
+        tgt = client.upload(project, target, names=names)
         c = client.wait(client.create_comparison(project, ref["id"], tgt["id"], mode)["id"], timeout)
         if c["status"] == "failed":
             echo(f"FAILED | comparison {c['id']} could not run: {c['error']}")
