@@ -174,19 +174,17 @@ class Manifest(BaseModel):
             )
         return v
 
-    @field_validator("run")
-    @classmethod
-    def _run_names(cls, v: dict[str, Any]) -> dict[str, Any]:
-        try:
-            RunNames.model_validate({k: v[k] for k in ("label", "target", "tags") if k in v})
-        except ValidationError as e:
-            raise ValueError(_names_error(e)) from None
-        return v
-
     @property
     def names(self) -> RunNames:
-        """The run's label, target name and tags (``run.label``, ``run.target``, ``run.tags``)."""
-        return RunNames.model_validate({k: self.run[k] for k in ("label", "target", "tags") if k in self.run})
+        """The run's label, target name and tags (``run.label``, ``run.target``, ``run.tags``). A label
+        of another type or length (older writers) is read as text cut to 200 characters; a malformed
+        target name or tags raise :class:`BundleError` saying what is wrong."""
+        label = self.run.get("label")
+        label = str(label)[:200] if label not in (None, "") else None
+        try:
+            return RunNames.model_validate({"label": label, **{k: self.run[k] for k in ("target", "tags") if k in self.run}})
+        except ValidationError as e:
+            raise BundleError(f"manifest {_names_error(e)}") from None
 
     @property
     def target(self) -> str:

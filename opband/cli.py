@@ -57,6 +57,25 @@ MODE_HELP = ("propagated: two end-to-end runs (errors flow downstream; later fai
              "float64 relative to the reference's own")
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"opband {version('opband')}")
+        except PackageNotFoundError:
+            typer.echo("opband (not installed: run `make venv` or `pip install -e .`)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, metavar="",
+                                          help="print the version and exit")] = False,
+) -> None:
+    """opband: find the operator that lost accuracy on new hardware or in low precision."""
+
+
 def _fail(message: str, code: int = 2) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
@@ -117,14 +136,17 @@ def compare(
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write the JSON report here")] = None,
     markdown: Annotated[Optional[Path], typer.Option(help="write a Markdown report here")] = None,
     html: Annotated[Optional[Path], typer.Option(help="write a standalone HTML report here")] = None,
-    budgets: Annotated[Optional[Path], typer.Option(help="JSON/YAML file of per-op budget overrides")] = None,
+    budgets: Annotated[Optional[Path], typer.Option(help="per-op budget overrides: a .toml, .yaml/.yml or .json file "
+                                                         "(docs/budgets.md)")] = None,
     limit: Annotated[int, typer.Option(help="rows in the terminal table")] = 20,
 ) -> None:
     """Compare two bundles offline; exit 0 in budget, 1 out of budget, 2 on bad input."""
     import accuracy
+    from accuracy.budgets import BudgetPolicy
     from accuracy.bundle import Bundle
     from accuracy.errors import OpbandError
-    from accuracy.report import to_html, to_json, to_markdown, to_text
+    from accuracy.report import print_renderables, text_renderables, to_html, to_json, to_markdown
+    from opband.terminal import console, progress
 
     sides = {}
     for side, path in (("reference", reference), ("target", target)):
@@ -133,11 +155,13 @@ def compare(
         except OpbandError as e:
             _fail(f"{side} {path} is not a valid opband bundle: {e}")
     try:
-        config = _load_config(budgets) if budgets else None
-        report = accuracy.compare(sides["reference"], sides["target"], mode=mode.value, budgets=config)
+        policy = BudgetPolicy.from_config(budgets) if budgets else None
+        with progress("comparing ops", unit="ops") as update:
+            report = accuracy.compare(sides["reference"], sides["target"], mode=mode.value, budgets=policy,
+                                      progress=lambda done, total: update(done, total))
     except (OpbandError, OSError, ValueError) as e:
         _fail(str(e))
-    typer.echo(to_text(report, limit=limit))
+    print_renderables(console(), text_renderables(report, limit=limit))
     for out, render in ((json_out, to_json), (markdown, to_markdown), (html, to_html)):
         if out:
             write_report(out, render(report))
@@ -150,19 +174,6 @@ def write_report(path: Path, text: str) -> None:
         path.write_text(text)
     except OSError as e:
         _fail(f"cannot write {path}: {e.strerror or e}; check that its folder exists and is writable")
-
-
-def _load_config(path: Path) -> dict:  # type: ignore[type-arg]
-    import yaml
-
-    try:
-        text = path.read_text()
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (OSError, ValueError, yaml.YAMLError) as e:
-        raise ValueError(f"cannot read budgets file {path}: {e}") from e
-    if data is not None and not isinstance(data, dict):
-        raise ValueError(f"budgets file {path} must hold a mapping such as {{ops: {{'aten.mm': {{...}}}}}}")
-    return data or {}
 
 
 def _names(label: str | None, target: str | None, tags: list[str] | None):  # type: ignore[no-untyped-def]
@@ -248,13 +259,16 @@ def upload(
     target: TargetName = None,
     tags: Tags = None,
 ) -> None:
-    """Upload one bundle; prints its id (the same bytes again give the same id). --label, --target and
-    --tag override the names recorded at capture."""
+    """Upload one bundle and print its row (the same bytes again give the same id); --label/--target/--tag name it."""
     from opband.client import Client, ClientError
+
+    from opband.terminal import progress
 
     names = _names(label, target, tags)
     try:
-        row = Client(server, token).upload(project, bundle, names=names)
+        with progress(f"uploading {bundle.name}", bundle.stat().st_size if bundle.is_file() else None,
+                      unit="bytes") as update:
+            row = Client(server, token).upload(project, bundle, names=names, on_bytes=update)
     except (ClientError, OSError) as e:
         _fail(str(e))
     typer.echo(json.dumps(row, indent=2))
@@ -276,17 +290,19 @@ def gate(
                            "ascend-910b/bf16: its series and regressions are kept under it (default: variant@device)")] = None,
     tags: Tags = None,
 ) -> None:
-    """CI gate: exit 0 when every op is in band, 1 when one is out of band, 2 on usage/infrastructure errors.
-    --label, --target-name and --tag name the target run."""
+    """CI gate: exit 0 when every op is in band, 1 when one is out of band, 2 on usage/infrastructure errors."""
+    from accuracy.report import print_renderables
     from opband.client import ClientError
     from opband.gate import EXIT_ERROR, run_gate
+    from opband.terminal import console
 
     for p in (reference, target):
         if not p.is_file():
             _fail(f"{p} does not exist: capture it first with `opband capture`")
     try:
         code = run_gate(server, project, reference, target, token=token, mode=mode.value, timeout=timeout,
-                        junit=junit, markdown=markdown, echo=typer.echo, names=_names(label, target_name, tags))
+                        junit=junit, markdown=markdown, echo=typer.echo, names=_names(label, target_name, tags),
+                        show=lambda items: print_renderables(console(), items))
     except ClientError as e:
         typer.echo(f"error: {e}", err=True)
         code = EXIT_ERROR

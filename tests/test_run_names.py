@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import inspect, text
 
 from accuracy.bundle import Bundle
+from accuracy.errors import BundleError
 from accuracy.manifest import Manifest, run_names
 from api.store.db import downgrade, make_engine, upgrade
 from service_fixtures import LiveServer, SynthOp, wait_done, write_bundle
@@ -36,8 +37,9 @@ def test_names_are_validated_with_a_sentence() -> None:
             run_names(**bad)  # type: ignore[arg-type]
     assert Manifest(run={"variant": "bf16", "device": "cpu"}).target == "bf16@cpu"
     assert Manifest(run={"variant": "bf16", "target": "npu/bf16"}).target == "npu/bf16"
-    with pytest.raises(ValueError, match="run target"):
-        Manifest(run={"target": "../../etc"})
+    with pytest.raises(BundleError, match="manifest run target '../../etc'"):
+        Manifest(run={"target": "../../etc"}).names
+    assert Manifest(run={"label": 42}).names.label == "42"  # older writers' labels stay readable
 
 
 def test_capture_records_names_in_the_manifest_and_refuses_bad_ones(tmp_path: Path) -> None:
@@ -121,6 +123,12 @@ def test_names_from_the_manifest_and_upload_overrides(live_server: LiveServer, t
     path2 = write_bundle(tmp_path / "t2.bundle", OPS, target=True, variant="bf16", environment={"host": "t2"})
     row2 = _upload(live_server, path2, "--label", "up", "--target", "npu/bf16", "--tag", "driver=25")
     assert (row2["label"], row2["target"], row2["tags"]) == ("up", "npu/bf16", {"driver": "25"})
+    bad = write_bundle(tmp_path / "bad.bundle", OPS, target=True, run={"target": "my npu"})
+    with live_server.client() as c:
+        r = c.post("/api/v1/projects/p/bundles", content=bad.read_bytes())
+        assert r.status_code == 422 and "manifest run target 'my npu'" in r.json()["detail"]
+        assert c.post("/api/v1/projects/p/bundles", params={"target": "npu/fp32"},  # overridden at upload: fine
+                      content=bad.read_bytes()).status_code == 201
 
 
 def test_0004_gives_existing_bundles_their_target_names(database_url: str) -> None:

@@ -81,7 +81,10 @@ def store_bundle(db: Database, store: BlobStore, project: Project, upload: Spool
         m = bundle.manifest
         check_record_fields(m.records)
         run, env = m.run, m.environment
-        named = m.names.merged(names) if names is not None else m.names
+        try:
+            named = m.names.merged(names) if names is not None else m.names
+        except BundleError as e:
+            raise InvalidInput(f"{e}; fix it at capture (--target, --tag) or override it at upload") from e
         variant, device = _text(m.variant, 40) or "fp32", _text(m.device, 100) or "cpu"
         row = BundleRow(
             id=uuid.uuid4().hex, project_id=project.id, sha256=upload.sha256, size=upload.size,

@@ -6,6 +6,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Select, case, func, or_, select
 
+from accuracy import envdiff
 from accuracy.verdicts import TABLE_ORDER
 from api.store.db import Database
 from api.errors import InvalidInput, NotFound
@@ -217,18 +218,7 @@ def get_regression(db: Database, regression_id: int) -> Regression:
     return _get(db, Regression, regression_id, "regression")
 
 
-#: run fields that change numerics; every environment field is compared as well
-RUN_FIELDS = ("variant", "device", "level", "mode", "seed", "options")
-
-
 def bundle_diff(a: BundleRow, b: BundleRow) -> BundleDiff:
     """What differs between two bundles' capture setups: torch, driver/CUDA/CANN, dtype, flags, threads, device."""
-    def flat(row: BundleRow) -> dict[str, Any]:
-        out = {f"environment.{k}": v for k, v in (row.environment or {}).items()}
-        out.update({f"run.{k}": (row.run or {}).get(k) for k in RUN_FIELDS if k in (row.run or {})})
-        return out
-
-    fa, fb = flat(a), flat(b)
-    fields = sorted(set(fa) | set(fb))
-    changed = [EnvironmentChange(field=f, a=fa.get(f), b=fb.get(f)) for f in fields if fa.get(f) != fb.get(f)]
-    return BundleDiff(a=a.id, b=b.id, changed=changed, same=len(fields) - len(changed))
+    changed, same = envdiff.changes(envdiff.flatten(a.run, a.environment), envdiff.flatten(b.run, b.environment))
+    return BundleDiff(a=a.id, b=b.id, changed=[EnvironmentChange(field=f, a=x, b=y) for f, x, y in changed], same=same)
