@@ -89,3 +89,27 @@ def test_html_is_standalone_with_a_histogram_per_op() -> None:
     assert page.count('<svg width="240" height="40" class="hist"') == 3  # the three ops with metrics
     assert page.count("<rect ") == 3 * 4  # four non-empty slots each
     assert "FAILED | fail | 4 ops" in page
+
+
+def test_html_names_both_runs_diffs_their_environment_and_holds_every_op() -> None:
+    import dataclasses
+
+    rep = small_report()
+    rep.reference = {"path": "ref.bundle", "records": 3, "run": {"variant": "fp32", "device": "cuda:0", "label": "gpu-ref"},
+                     "environment": {"torch": "2.13.0", "cuda": "12.4", "threads": 8}}
+    rep.target = {"path": "tgt.bundle", "records": 4,
+                  "run": {"variant": "bf16", "device": "npu:0", "label": "nightly-7", "target": "ascend-910b/bf16",
+                          "tags": {"cann": "8.0.RC2"}},
+                  "environment": {"torch": "2.13.0", "cann": "8.0.RC2", "threads": 8}}
+    rep.ops = rep.ops + [dataclasses.replace(rep.ops[0], key=f"m.extra{i}/aten.mm#0", index=10 + i) for i in range(446)]
+    page = report.to_html(rep)
+    assert page.count("<tr class=") == 450 and "m.extra445/aten.mm#0" in page  # never cut at 200
+    assert "ops, worst first: 450</h2>" in page and "var size = 200" in page  # paged by the script
+    assert "target <b>nightly-7 (ascend-910b/bf16, bf16@npu:0)</b> vs reference <b>gpu-ref (fp32@cuda:0)</b>" in page
+    assert "<th>tags</th><td>-</td><td>cann=8.0.RC2</td>" in page
+    assert "environment diff: 4 changed, 2 the same" in page  # cann, cuda, run.device, run.variant
+    for field in ("environment.cann", "environment.cuda", "run.device", "run.variant"):
+        assert f"<code>{field}</code>" in page
+    assert "<code>environment.torch</code>" not in page
+    short = report.to_html(rep, limit=10)
+    assert short.count("<tr class=") == 10 and "ops, worst first: 10 (the worst 10 of 450)</h2>" in short

@@ -165,3 +165,47 @@ def test_0004_gives_existing_bundles_their_target_names(database_url: str) -> No
         with eng.connect() as conn:  # the data stays: the comparison still references both bundles
             assert conn.execute(text("SELECT count(*) FROM comparisons")).scalar() == 1
         eng.dispose()
+
+
+def test_a_late_older_comparison_never_resolves_a_newer_failure(database_url: str, tmp_path: Path) -> None:
+    """Jobs finish out of order: the failure queued last stays open when the pass queued before it
+    finishes after it. Only a pass queued later resolves it."""
+    from api.jobs.comparisons import run_job
+    from api.settings import Settings
+    from api.store.blobs import make_store
+    from api.store.db import Database
+    from service_fixtures import start_server, stop_server, upload_bytes
+
+    server = start_server(tmp_path / "data", database_url, {"OPBAND_WORKERS": "0"})
+    settings = Settings(database_url=database_url, data_dir=server.data_dir, workers=0)
+    db, store = Database(settings), make_store(settings.effective_store_url)
+    try:
+        with server.client() as c:
+            def upload(name: str, ops: list[SynthOp], **kw: object) -> str:
+                body = write_bundle(tmp_path / name, ops, **kw).read_bytes()  # type: ignore[arg-type]
+                return upload_bytes(c, "late", body).json()["id"]  # type: ignore[no-any-return]
+
+            ref = upload("ref.bundle", OPS)
+            ok, bad = upload("ok.bundle", OPS, target=True, environment={"host": "ok"}), upload("bad.bundle", BROKEN, target=True)
+
+            def queue(target: str) -> str:
+                return c.post("/api/v1/projects/late/comparisons", json={"reference": ref, "target": target}).json()["id"]
+
+            def run(job: str) -> None:  # claim this very job, as a worker would, then run it
+                with db.engine.begin() as conn:
+                    conn.execute(text("UPDATE comparisons SET status = 'running', worker = 't', attempts = 1 "
+                                      "WHERE id = :i"), {"i": job})
+                assert run_job(db, store, settings, job, "t") == "done"
+
+            older_pass, newer_fail = queue(ok), queue(bad)
+            run(newer_fail)
+            run(older_pass)  # finishes last, but was queued before the failure
+            regs = c.get("/api/v1/projects/late/regressions", params={"status": "active,resolved"}).json()["data"]
+            assert [(r["status"], r["last_comparison_id"]) for r in regs] == [("active", newer_fail)]
+            later_pass = queue(ok)
+            run(later_pass)
+            regs = c.get("/api/v1/projects/late/regressions", params={"status": "active,resolved"}).json()["data"]
+            assert [(r["status"], r["last_comparison_id"]) for r in regs] == [("resolved", later_pass)]
+    finally:
+        db.engine.dispose()
+        stop_server(server)
