@@ -110,11 +110,6 @@ class RunNames(BaseModel):
                 raise ValueError(f"tag {key!r}: value longer than 500 characters")
         return v
 
-    def merged(self, override: RunNames) -> RunNames:
-        """These names with ``override``'s label and target where set, and its tags on top."""
-        return RunNames(label=override.label or self.label, target=override.target or self.target,
-                        tags={**self.tags, **override.tags})
-
     def target_or_default(self, variant: str, device: str) -> str:
         """The target name, or ``variant@device`` when the run was given none."""
         return self.target or f"{variant}@{device}"
@@ -176,13 +171,24 @@ class Manifest(BaseModel):
 
     @property
     def names(self) -> RunNames:
-        """The run's label, target name and tags (``run.label``, ``run.target``, ``run.tags``). A label
+        """The run's label, target name and tags (``run.label``, ``run.target``, ``run.tags``)."""
+        return self.names_with(None)
+
+    def names_with(self, override: RunNames | None) -> RunNames:
+        """The run's names with ``override``'s label and target where set and its tags on top. A label
         of another type or length (older writers) is read as text cut to 200 characters; a malformed
-        target name or tags raise :class:`BundleError` saying what is wrong."""
+        target name (not overridden) or tags raise :class:`BundleError` saying what is wrong."""
         label = self.run.get("label")
-        label = str(label)[:200] if label not in (None, "") else None
+        fields: dict[str, Any] = {"label": str(label)[:200] if label not in (None, "") else None}
+        fields.update({k: self.run[k] for k in ("target", "tags") if k in self.run})
+        if override is not None:
+            fields["label"] = override.label or fields["label"]
+            fields["target"] = override.target or fields.get("target")
+            if override.tags:
+                tags = fields.get("tags")
+                fields["tags"] = {**(tags if isinstance(tags, dict) else {}), **override.tags}
         try:
-            return RunNames.model_validate({"label": label, **{k: self.run[k] for k in ("target", "tags") if k in self.run}})
+            return RunNames.model_validate(fields)
         except ValidationError as e:
             raise BundleError(f"manifest {_names_error(e)}") from None
 

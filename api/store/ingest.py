@@ -82,7 +82,7 @@ def store_bundle(db: Database, store: BlobStore, project: Project, upload: Spool
         check_record_fields(m.records)
         run, env = m.run, m.environment
         try:
-            named = m.names.merged(names) if names is not None else m.names
+            named = m.names_with(names)
         except BundleError as e:
             raise InvalidInput(f"{e}; fix it at capture (--target, --tag) or override it at upload") from e
         variant, device = _text(m.variant, 40) or "fp32", _text(m.device, 100) or "cpu"
