@@ -277,7 +277,7 @@ def _open(x: str | os.PathLike[str] | Bundle) -> Bundle:
 
 
 def _side(b: Bundle) -> dict[str, Any]:
-    return {"path": str(b.path), "run": b.manifest.run, "records": len(b.records)}
+    return {"path": str(b.path), "run": b.manifest.run, "environment": b.manifest.environment, "records": len(b.records)}
 
 
 @dataclass

@@ -21,6 +21,11 @@ app.add_typer(import_app, name="import")
 app.add_typer(token_app, name="token")
 
 DataDir = Annotated[Path, typer.Option("--data-dir", help="embedded database and blobs live here", envvar="OPBAND_DATA_DIR")]
+Label = Annotated[Optional[str], typer.Option(help="a name for this run, e.g. nightly-2026-12-01 or pr-1234")]
+TargetName = Annotated[Optional[str], typer.Option("--target", "--target-name", help="the target name its drift series "
+                       "and regressions are kept under, e.g. ascend-910b/bf16 (default: variant@device)")]
+Tags = Annotated[Optional[list[str]], typer.Option("--tag", metavar="KEY=VALUE", help="free-form tag, repeatable: "
+                 "branch=main, commit=abc123, cann=8.0.RC2, driver=24.1, op-library=1.3")]
 
 
 class Variant(str, Enum):
@@ -55,6 +60,25 @@ MODE_HELP = ("propagated: two end-to-end runs (errors flow downstream; later fai
              "float64 relative to the reference's own")
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"opband {version('opband')}")
+        except PackageNotFoundError:
+            typer.echo("opband (not installed: run `make venv` or `pip install -e .`)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, metavar="",
+                                          help="print the version and exit")] = False,
+) -> None:
+    """opband: find the operator that lost accuracy on new hardware or in low precision."""
+
+
 def _fail(message: str, code: int = 2) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
@@ -75,19 +99,25 @@ def capture(
     inputs: Annotated[bool, typer.Option("--inputs", metavar="", help="also record op inputs (needed to --replay this bundle)")] = False,
     replay: Annotated[Optional[Path], typer.Option(help="re-run each op of this reference bundle (captured with --inputs) alone")] = None,
     golden: Annotated[bool, typer.Option("--golden", metavar="", help="with --replay: recompute each op in float64 on cpu")] = False,
+    label: Label = None,
+    target: TargetName = None,
+    tags: Tags = None,
 ) -> None:
     """Run the SPEC's model once under capture and write a bundle (or --replay a reference's ops)."""
     from hooks.runner import run_capture
-    from hooks.spec import SpecError
+    from hooks.spec import SpecError, UserCodeError
 
     from accuracy.errors import OpbandError
 
     if golden and replay is None:
         _fail("--golden recomputes a reference's ops in float64: give the reference with --replay REF_BUNDLE")
+    names = _names(label, target, tags)
     try:
         path = run_capture(spec, out, device=device, variant=variant.value, level=level.value, mode=mode.value,
                            seed=seed, modules=modules, ops=ops, max_bytes=max_bytes, replay=replay, golden=golden,
-                           **({"inputs": True} if inputs else {}))
+                           names=names, **({"inputs": True} if inputs else {}))
+    except UserCodeError as e:
+        _fail(f"{e}\nno bundle written: fix the code above and run `opband capture` again")
     except OpbandError as e:
         _fail(f"--replay {replay}: {e}" if replay is not None else str(e))
     except (SpecError, ValueError) as e:
@@ -109,14 +139,17 @@ def compare(
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write the JSON report here")] = None,
     markdown: Annotated[Optional[Path], typer.Option(help="write a Markdown report here")] = None,
     html: Annotated[Optional[Path], typer.Option(help="write a standalone HTML report here")] = None,
-    budgets: Annotated[Optional[Path], typer.Option(help="JSON/YAML file of per-op budget overrides")] = None,
+    budgets: Annotated[Optional[Path], typer.Option(help="per-op budget overrides: a .toml, .yaml/.yml or .json file "
+                                                         "(docs/budgets.md)")] = None,
     limit: Annotated[int, typer.Option(help="rows in the terminal table")] = 20,
 ) -> None:
     """Compare two bundles offline; exit 0 in budget, 1 out of budget, 2 on bad input."""
     import accuracy
+    from accuracy.budgets import BudgetPolicy
     from accuracy.bundle import Bundle
     from accuracy.errors import OpbandError
-    from accuracy.report import to_html, to_json, to_markdown, to_text
+    from accuracy.report import print_renderables, text_renderables, to_html, to_json, to_markdown
+    from opband.terminal import console, progress
 
     sides = {}
     for side, path in (("reference", reference), ("target", target)):
@@ -125,11 +158,13 @@ def compare(
         except OpbandError as e:
             _fail(f"{side} {path} is not a valid opband bundle: {e}")
     try:
-        config = _load_config(budgets) if budgets else None
-        report = accuracy.compare(sides["reference"], sides["target"], mode=mode.value, budgets=config)
+        policy = BudgetPolicy.from_config(budgets) if budgets else None
+        with progress("comparing ops", unit="ops") as update:
+            report = accuracy.compare(sides["reference"], sides["target"], mode=mode.value, budgets=policy,
+                                      progress=lambda done, total: update(done, total))
     except (OpbandError, OSError, ValueError) as e:
         _fail(str(e))
-    typer.echo(to_text(report, limit=limit))
+    print_renderables(console(), text_renderables(report, limit=limit))
     for out, render in ((json_out, to_json), (markdown, to_markdown), (html, to_html)):
         if out:
             write_report(out, render(report))
@@ -144,17 +179,14 @@ def write_report(path: Path, text: str) -> None:
         _fail(f"cannot write {path}: {e.strerror or e}; check that its folder exists and is writable")
 
 
-def _load_config(path: Path) -> dict:  # type: ignore[type-arg]
-    import yaml
+def _names(label: str | None, target: str | None, tags: list[str] | None):  # type: ignore[no-untyped-def]
+    """The run's label, target name and tags from flags, or exit 2 saying what is wrong."""
+    from accuracy.manifest import run_names
 
     try:
-        text = path.read_text()
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (OSError, ValueError, yaml.YAMLError) as e:
-        raise ValueError(f"cannot read budgets file {path}: {e}") from e
-    if data is not None and not isinstance(data, dict):
-        raise ValueError(f"budgets file {path} must hold a mapping such as {{ops: {{'aten.mm': {{...}}}}}}")
-    return data or {}
+        return run_names(label, target, tags)
+    except ValueError as e:
+        _fail(str(e))
 
 
 def _settings(**overrides: object):  # type: ignore[no-untyped-def]
@@ -226,12 +258,20 @@ def upload(
     server: Annotated[str, typer.Option(help="e.g. http://127.0.0.1:8000", envvar="OPBAND_SERVER")],
     project: Annotated[str, typer.Option(help="project name")],
     token: Annotated[Optional[str], typer.Option(envvar="OPBAND_TOKEN", help="project write token")] = None,
+    label: Label = None,
+    target: TargetName = None,
+    tags: Tags = None,
 ) -> None:
-    """Upload one bundle; prints its id (the same bytes again give the same id)."""
+    """Upload one bundle and print its row (the same bytes again give the same id); --label/--target/--tag name it."""
     from opband.client import Client, ClientError
 
+    from opband.terminal import progress
+
+    names = _names(label, target, tags)
     try:
-        row = Client(server, token).upload(project, bundle)
+        with progress(f"uploading {bundle.name}", bundle.stat().st_size if bundle.is_file() else None,
+                      unit="bytes") as update:
+            row = Client(server, token).upload(project, bundle, names=names, on_bytes=update)
     except (ClientError, OSError) as e:
         _fail(str(e))
     typer.echo(json.dumps(row, indent=2))
@@ -248,17 +288,24 @@ def gate(
     timeout: Annotated[float, typer.Option(help="seconds to wait for the comparison")] = 600.0,
     junit: Annotated[Optional[Path], typer.Option(help="write JUnit XML (one testcase per op)")] = None,
     markdown: Annotated[Optional[Path], typer.Option(help="write a Markdown summary (for PR comments)")] = None,
+    label: Label = None,
+    target_name: Annotated[Optional[str], typer.Option("--target-name", help="the target run's target name, e.g. "
+                           "ascend-910b/bf16: its series and regressions are kept under it (default: variant@device)")] = None,
+    tags: Tags = None,
 ) -> None:
     """CI gate: exit 0 when every op is in band, 1 when one is out of band, 2 on usage/infrastructure errors."""
+    from accuracy.report import print_renderables
     from opband.client import ClientError
     from opband.gate import EXIT_ERROR, run_gate
+    from opband.terminal import console
 
     for p in (reference, target):
         if not p.is_file():
             _fail(f"{p} does not exist: capture it first with `opband capture`")
     try:
         code = run_gate(server, project, reference, target, token=token, mode=mode.value, timeout=timeout,
-                        junit=junit, markdown=markdown, echo=typer.echo)
+                        junit=junit, markdown=markdown, echo=typer.echo, names=_names(label, target_name, tags),
+                        show=lambda items: print_renderables(console(), items))
     except ClientError as e:
         typer.echo(f"error: {e}", err=True)
         code = EXIT_ERROR
