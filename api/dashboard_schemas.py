@@ -31,6 +31,7 @@ class EnvironmentChangeCategorized(EnvironmentChange):
 class ComparisonRuns(BaseModel):
     """A comparison's header: both runs and what changed between their environments."""
 
+    project: str
     comparison: ComparisonPublic
     reference: RunSide
     target: RunSide

@@ -25,7 +25,7 @@ def overview(project: ProjectName, svc: ServicesDep, token: TokenDep) -> Overvie
 @router.get("/comparisons/{comparison_id}/runs", response_model=ComparisonRuns)
 def comparison_runs(comparison_id: str, svc: ServicesDep, token: TokenDep) -> ComparisonRuns:
     """Both runs of a comparison (labels, targets, devices, variants, tags) and their environment diff."""
-    return dq.comparison_runs(_project_of_comparison(svc, comparison_id, token))
+    return dq.comparison_runs(svc.db, _project_of_comparison(svc, comparison_id, token))
 
 
 @router.get("/comparisons/{comparison_id}/op-groups", response_model=OpGroups)

@@ -75,12 +75,15 @@ def comparison_public(c: Comparison) -> ComparisonPublic:
     return out
 
 
-def comparison_runs(c: Comparison) -> ComparisonRuns:
+def comparison_runs(db: Database, c: Comparison) -> ComparisonRuns:
     """Both runs of a comparison and every environment field that differs, with its category."""
+    with db.session() as s:
+        project = s.get(Project, c.project_id)
+    assert project is not None
     diff = bundle_diff(c.reference, c.target)
     changed = [EnvironmentChangeCategorized(**ch.model_dump(), category=category_of(ch.field)) for ch in diff.changed]
     categories = sorted({ch.category for ch in changed if ch.category != "code"})
-    return ComparisonRuns(comparison=comparison_public(c), reference=run_side(c.reference), target=run_side(c.target),
+    return ComparisonRuns(project=project.name, comparison=comparison_public(c), reference=run_side(c.reference), target=run_side(c.target),
                           changed=changed, same=diff.same, categories=categories)
 
 
