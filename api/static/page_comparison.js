@@ -1,7 +1,7 @@
 // Comparison: both runs and their environment diff, then every op (filters, search, paging),
 // inherited failures folded under the local failure they follow.
 "use strict";
-import { $, $$, api, badge, comparisonHref, counts, enc, esc, fmt, opHref, pager, projectHref, setQuery, short, when } from "./ui.js";
+import { $, $$, api, badge, comparisonHref, counts, enc, esc, fmt, fmtCos, opHref, pager, projectHref, setQuery, short, when } from "./ui.js";
 
 const VERDICTS = ["fail", "warn", "missing", "new", "pass"];
 const PAGE = 50;
@@ -78,7 +78,7 @@ function opRow(p, h, cid, o, cls = "") {
     <td><a href="${opHref(p, o.key, { target: h.target.target, run: cid })}"><code>${esc(o.key)}</code></a></td>
     <td>${esc(o.shape_signature)}</td><td>${esc(o.dtype)}</td><td class="num">${sev}</td>
     <td class="num">${fmt(o.norm_l2)}</td><td class="num">${fmt(o.max_abs)}</td><td class="num">${fmt(o.max_rel)}</td>
-    <td class="num">${fmt(o.cosine)}</td><td class="num">${fmt(o.budget && o.budget.norm_l2)}</td><td class="reason">${esc(o.reason)}</td></tr>`;
+    <td class="num">${fmtCos(o.cosine)}</td><td class="num">${fmt(o.budget && o.budget.norm_l2)}</td><td class="reason">${esc(o.reason)}</td></tr>`;
 }
 
 async function loadOps(p, cid, h, s, offset, reload, ctx) {
@@ -91,7 +91,7 @@ async function loadOps(p, cid, h, s, offset, reload, ctx) {
     let html = opRow(p, h, cid, g.op, g.inherited_count ? "root" : "");
     if (g.inherited_count) {
       html += `<tr class="fold-toggle" data-group="${i}"><td></td><td colspan="10"><button type="button" class="link" data-group="${i}">
-        ▸ ${g.inherited_count} inherited failure${g.inherited_count > 1 ? "s" : ""} carry this op's error downstream</button></td></tr>`;
+        ▸ ${g.inherited_count} inherited failure${g.inherited_count > 1 ? "s carry" : " carries"} this op's error downstream</button></td></tr>`;
       html += g.inherited.map((x) => opRow(p, h, cid, x, `child g${i}`)).join("");
       if (g.inherited_count > g.inherited.length) {
         html += `<tr class="child g${i}"><td></td><td colspan="10" class="empty">… ${g.inherited_count - g.inherited.length} more: untick "fold" to page through all</td></tr>`;

@@ -2,7 +2,7 @@
 // and out-of-band points marked; the selected run's error histogram, quantiles and both sides'
 // statistics; the runs it was accepted in.
 "use strict";
-import { $, $$, api, badge, comparisonHref, enc, esc, fmt, opHref, plotConfig, projectHref, setQuery, short, when, VERDICT_COLOR } from "./ui.js";
+import { $, $$, api, badge, comparisonHref, enc, esc, fmt, fmtCos, opHref, plotConfig, projectHref, setQuery, short, when, VERDICT_COLOR } from "./ui.js";
 
 const METRICS = ["norm_l2", "max_rel", "max_abs", "cosine", "snr_db"];
 const MAX_CHARTS = 6;
@@ -147,19 +147,12 @@ async function detail(p, key, cid, ctx) {
   $("#run-title").innerHTML = `<a href="${comparisonHref(cid)}"><code>${short(cid)}</code></a> ${badge(o.verdict)}${o.inherited ? " inherited" : ""}`;
   $("#run-detail").innerHTML = `<p class="reason">${esc(o.reason || "within budget")}</p>
     <p><small>${when(d.comparison.created_at)} · target ${esc(d.comparison.target_variant)}@${esc(d.comparison.target_device)} ·
-      budget norm_l2 ${fmt(o.budget?.norm_l2)}, cosine ≥ ${fmt(o.budget?.cosine_min)} (${esc(o.budget?.source || "-")})</small></p>
-    <table class="kv">${DETAIL_METRICS.filter((k) => m[k] !== undefined).map((k) => `<tr><th>${k}</th><td class="num">${fmt(m[k])}</td></tr>`).join("")}
+      budget norm_l2 ${fmt(o.budget?.norm_l2)}, cosine ≥ ${fmtCos(o.budget?.cosine_min)} (${esc(o.budget?.source || "-")})</small></p>
+    <table class="kv">${DETAIL_METRICS.filter((k) => m[k] !== undefined).map((k) => `<tr><th>${k}</th><td class="num">${k === "cosine" ? fmtCos(m[k]) : fmt(m[k])}</td></tr>`).join("")}
     ${Object.entries(m.share_rel_over || {}).map(([t, v]) => `<tr><th>share rel &gt; ${esc(t)}</th><td class="num">${fmt(v)}</td></tr>`).join("")}</table>`;
   $("#quantiles").innerHTML = `<thead><tr><th>quantile of |error|</th>${Object.keys(d.quantiles).map((k) => `<th>${esc(k)}</th>`).join("")}<th>max</th></tr></thead>
     <tbody><tr><td></td>${Object.values(d.quantiles).map((v) => `<td class="num">${fmt(v)}</td>`).join("")}<td class="num">${fmt(m.max_abs)}</td></tr></tbody>`;
-  const bins = d.histogram;
-  const label = (b) => (b.high === 0 ? "0" : b.high === null ? `≥${fmt(b.low)}` : `${fmt(b.low)}`);
-  await Plotly.react($("#histogram"), [{
-    type: "bar", x: bins.map(label), y: bins.map((b) => b.count), marker: { color: "#8250df" },
-    text: bins.map((b) => (b.high === 0 ? "exact" : `[${fmt(b.low)}, ${b.high === null ? "∞" : fmt(b.high)})`)),
-    hovertemplate: "%{text}: %{y} elements<extra></extra>",
-  }], { margin: { t: 6, r: 10, l: 50, b: 60 }, height: 240, xaxis: { title: { text: "|target − reference| (bin low edge)" }, type: "category" },
-        yaxis: { title: { text: "elements" } }, bargap: 0.05 }, plotConfig);
+  await histogram(d.histogram, d.quantiles, m.max_abs);
   window.opbandHistogram = bins;
   const rs = d.reference_stats || {};
   const ts = d.target_stats || {};
@@ -168,4 +161,35 @@ async function detail(p, key, cid, ctx) {
       ${STATS.filter((k) => rs[k] !== undefined || ts[k] !== undefined).map((k) => `<tr data-stat="${k}"><th>${k}</th><td class="num">${fmt(rs[k])}</td><td class="num">${fmt(ts[k])}</td>
         <td class="num">${typeof rs[k] === "number" && typeof ts[k] === "number" ? fmt(ts[k] - rs[k]) : "-"}</td></tr>`).join("")}</tbody>`
     : `<tr><td class="empty">The bundles hold no statistics for this op.</td></tr>`;
+}
+
+/** Bars on a log10 |error| axis (each bin a quarter octave wide); exact zeros as one bar left of the rest;
+ * the quantiles and the max as dashed lines. */
+async function histogram(bins, quantiles, maxAbs) {
+  const finite = bins.filter((b) => b.high !== 0);
+  const lows = finite.map((b) => Math.log10(Math.max(b.low, 1e-45)));
+  const left = lows.length ? Math.floor(Math.min(...lows)) - 1 : -8;
+  const zero = bins.find((b) => b.high === 0);
+  const xs = finite.map((b) => (Math.log10(Math.max(b.low, 1e-45)) + Math.log10(b.high ?? b.low * 2)) / 2);
+  const ws = finite.map((b) => (Math.log10(b.high ?? b.low * 2) - Math.log10(Math.max(b.low, 1e-45))) * 0.95);
+  const traces = [{ type: "bar", x: xs, y: finite.map((b) => b.count), width: ws, marker: { color: "#8250df" }, name: "|error|",
+                    text: finite.map((b) => `[${fmt(b.low)}, ${b.high === null ? "∞" : fmt(b.high)})`), textposition: "none",
+                    hovertemplate: "%{text}: %{y} elements<extra></extra>" }];
+  if (zero) traces.push({ type: "bar", x: [left], y: [zero.count], width: [0.6], marker: { color: "#6e7781" }, name: "exact",
+                          textposition: "none", hovertemplate: "exactly equal: %{y} elements<extra></extra>" });
+  const lines = Object.entries(quantiles).concat(maxAbs ? [["max", maxAbs]] : []).filter(([, v]) => typeof v === "number" && v > 0);
+  const lo = Math.min(left, ...xs) - 0.5;
+  const hi = Math.max(left + 1, ...xs) + 0.5;
+  const ticks = [];
+  for (let t = Math.ceil(lo); t <= hi; t++) ticks.push(t);
+  await Plotly.react($("#histogram"), traces, {
+    margin: { t: 18, r: 10, l: 50, b: 44 }, height: 260, showlegend: false, bargap: 0,
+    xaxis: { title: { text: "|target − reference|" }, range: [lo, hi], tickvals: [...(zero ? [left] : []), ...ticks.filter((t) => t !== left)],
+             ticktext: [...(zero ? ["0"] : []), ...ticks.filter((t) => t !== left).map((t) => `1e${t}`)] },
+    yaxis: { title: { text: "elements" } },
+    shapes: lines.map(([, v]) => ({ type: "line", x0: Math.log10(v), x1: Math.log10(v), yref: "paper", y0: 0, y1: 1,
+                                    line: { color: "#cf222e", width: 1, dash: "dot" } })),
+    annotations: lines.map(([k, v], i) => ({ x: Math.log10(v), yref: "paper", y: 1.02 + (i % 2) * 0.0, text: k, showarrow: false,
+                                             font: { size: 10, color: "#cf222e" }, yanchor: "bottom" })),
+  }, plotConfig);
 }

@@ -33,10 +33,10 @@ export async function render(view, r, ctx) {
     </section>
     <section id="recent-section">
       <h2>Recent comparisons</h2>
-      <table id="comparisons"><thead><tr><th>when</th><th>target</th><th>mode</th><th>status</th><th>verdict</th><th>ops</th><th>first divergence</th></tr></thead><tbody>
+      <table id="comparisons"><thead><tr><th>when</th><th>target</th><th>verdict</th><th>ops</th><th>first divergence</th></tr></thead><tbody>
       ${o.recent.map((c) => `<tr class="selectable" data-id="${esc(c.id)}">
         <td><a href="${comparisonHref(c.id)}">${when(c.created_at)}</a></td><td>${esc(c.target_variant)}@${esc(c.target_device)}</td>
-        <td>${esc(c.mode)}</td><td>${badge(c.status)}</td><td>${badge(c.verdict)}</td><td>${counts(c.counts)}</td>
+        <td>${badge(c.verdict || c.status)}</td><td>${counts(c.counts)}</td>
         <td>${c.first_divergence ? `<code>${esc(c.first_divergence.key)}</code>` : esc(c.error || "-")}</td></tr>`).join("")}
       </tbody></table>
     </section>

@@ -21,12 +21,10 @@ export async function render(view, r, ctx) {
       <th>first / last</th><th>updated</th><th>actions</th></tr></thead><tbody></tbody></table>
     <div class="pager" id="reg-pager"></div>
   </section>
-  <div class="two">
-    <section id="audit-section"><h2>Audit <small>who decided what, when</small></h2>
+  <section id="audit-section"><h2>Audit <small>who decided what, when</small></h2>
       <table id="audit"><thead><tr><th>when</th><th>who</th><th>op key</th><th>target</th><th>set to</th><th>note</th><th>expires</th></tr></thead><tbody></tbody></table></section>
-    <section id="deviations-section"><h2>Accepted deviations in force</h2>
-      <table id="deviations"><thead><tr><th>pattern</th><th>reason</th><th>by</th><th>expires</th><th>regressions</th><th></th></tr></thead><tbody></tbody></table></section>
-  </div>`;
+  <section id="deviations-section"><h2>Accepted deviations in force</h2>
+      <table id="deviations"><thead><tr><th>pattern</th><th>reason</th><th>by</th><th>expires</th><th>regressions</th><th></th></tr></thead><tbody></tbody></table></section>`;
   const wanted = (r.q.status || "active,acknowledged").split(",");
   $$("#reg-filters input[name=status]").forEach((i) => { i.checked = wanted.includes(i.value); });
   let offset = Number(r.q.offset || 0);

@@ -36,7 +36,15 @@ export function fmt(v) {
   return a >= 1e4 || a < 1e-3 ? v.toExponential(2) : String(Number(v.toPrecision(4)));
 }
 export const badge = (v) => v ? `<span class="badge ${esc(v)}">${esc(v)}</span>` : "-";
-export const when = (iso) => iso ? new Date(iso).toLocaleString(undefined, { dateStyle: "short", timeStyle: "short" }) : "-";
+/** A timestamp as local "2026-12-01 15:09" (sortable, no ambiguous day/month order). */
+export function when(iso) {
+  if (!iso) return "-";
+  const d = new Date(iso);
+  const p2 = (n) => String(n).padStart(2, "0");
+  return `${d.getFullYear()}-${p2(d.getMonth() + 1)}-${p2(d.getDate())} ${p2(d.getHours())}:${p2(d.getMinutes())}`;
+}
+/** A cosine near 1 as "1 − 1.9e-9", so that budgets like 0.99999999814 stay readable. */
+export const fmtCos = (v) => (typeof v !== "number" ? fmt(v) : v >= 1 ? "1" : v > 0.999 ? `1 − ${(1 - v).toExponential(1)}` : fmt(v));
 export const short = (id) => esc(String(id || "").slice(0, 8));
 
 export const opHref = (project, key, params = {}) => {
