@@ -153,7 +153,7 @@ async function detail(p, key, cid, ctx) {
   $("#quantiles").innerHTML = `<thead><tr><th>quantile of |error|</th>${Object.keys(d.quantiles).map((k) => `<th>${esc(k)}</th>`).join("")}<th>max</th></tr></thead>
     <tbody><tr><td></td>${Object.values(d.quantiles).map((v) => `<td class="num">${fmt(v)}</td>`).join("")}<td class="num">${fmt(m.max_abs)}</td></tr></tbody>`;
   await histogram(d.histogram, d.quantiles, m.max_abs);
-  window.opbandHistogram = bins;
+  window.opbandHistogram = d.histogram;
   const rs = d.reference_stats || {};
   const ts = d.target_stats || {};
   $("#stats").innerHTML = d.reference_stats || d.target_stats
@@ -183,13 +183,13 @@ async function histogram(bins, quantiles, maxAbs) {
   const ticks = [];
   for (let t = Math.ceil(lo); t <= hi; t++) ticks.push(t);
   await Plotly.react($("#histogram"), traces, {
-    margin: { t: 18, r: 10, l: 50, b: 44 }, height: 260, showlegend: false, bargap: 0,
+    margin: { t: 34, r: 10, l: 50, b: 44 }, height: 270, showlegend: false, bargap: 0,
     xaxis: { title: { text: "|target − reference|" }, range: [lo, hi], tickvals: [...(zero ? [left] : []), ...ticks.filter((t) => t !== left)],
              ticktext: [...(zero ? ["0"] : []), ...ticks.filter((t) => t !== left).map((t) => `1e${t}`)] },
     yaxis: { title: { text: "elements" } },
     shapes: lines.map(([, v]) => ({ type: "line", x0: Math.log10(v), x1: Math.log10(v), yref: "paper", y0: 0, y1: 1,
                                     line: { color: "#cf222e", width: 1, dash: "dot" } })),
-    annotations: lines.map(([k, v], i) => ({ x: Math.log10(v), yref: "paper", y: 1.02 + (i % 2) * 0.0, text: k, showarrow: false,
+    annotations: lines.map(([k, v], i) => ({ x: Math.log10(v), yref: "paper", y: 1.0 + (i % 2) * 0.09, text: k, showarrow: false,
                                              font: { size: 10, color: "#cf222e" }, yanchor: "bottom" })),
   }, plotConfig);
 }
