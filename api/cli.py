@@ -25,8 +25,12 @@ class Variant(str, Enum):
     fp16 = "fp16"
     bf16 = "bf16"
     int8 = "int8"
+    w8a16 = "w8a16"
+    w4a16 = "w4a16"
     fp8_e4m3 = "fp8-e4m3"
     fp8_e5m2 = "fp8-e5m2"
+    fp8_e4m3_rowwise = "fp8-e4m3-rowwise"
+    fp8_e5m2_rowwise = "fp8-e5m2-rowwise"
 
 
 class Mode(str, Enum):
@@ -72,6 +76,7 @@ def capture(
     inputs: Annotated[bool, typer.Option("--inputs", metavar="", help="also record op inputs (needed to --replay this bundle)")] = False,
     replay: Annotated[Optional[Path], typer.Option(help="re-run each op of this reference bundle (captured with --inputs) alone")] = None,
     golden: Annotated[bool, typer.Option("--golden", metavar="", help="with --replay: recompute each op in float64 on cpu")] = False,
+    allow_partial: Annotated[bool, typer.Option("--allow-partial", metavar="", help="capture a quantizing variant even if it replaces under half of the GEMM-like modules")] = False,
 ) -> None:
     """Run the SPEC's model once under capture and write a bundle (or --replay a reference's ops)."""
     from hooks.runner import run_capture
@@ -84,7 +89,7 @@ def capture(
     try:
         path = run_capture(spec, out, device=device, variant=variant.value, level=level.value, mode=mode.value,
                            seed=seed, modules=modules, ops=ops, max_bytes=max_bytes, replay=replay, golden=golden,
-                           **({"inputs": True} if inputs else {}))
+                           allow_partial=allow_partial, **({"inputs": True} if inputs else {}))
     except OpbandError as e:
         _fail(f"--replay {replay}: {e}" if replay is not None else str(e))
     except (SpecError, ValueError) as e:
@@ -93,7 +98,11 @@ def capture(
         _fail(f"cannot write {out}: {e.strerror or e}; check that its folder is writable")
     from accuracy.bundle import Bundle
 
+    from hooks.gemm import describe
+
     b = Bundle.open(path)
+    if "variant_coverage" in b.manifest.run:
+        typer.echo("\n".join(describe(b.manifest.run["variant_coverage"])))
     typer.echo(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, {len(b.records)} records, "
                f"{sum(b.manifest.skipped_ops.values())} no-number ops skipped, {len(b.manifest.diagnostics)} diagnostics)")
 

@@ -11,7 +11,7 @@ import torch
 from hooks import devices
 from hooks.capture import capture
 from hooks.spec import load_spec
-from hooks.variants import apply_variant
+from hooks.variants import QUANTIZED, apply_variant
 
 
 def check_device(device: str) -> None:
@@ -60,14 +60,17 @@ def run_capture(
     seed: int = 0,
     replay: str | os.PathLike[str] | None = None,
     golden: bool = False,
+    allow_partial: bool = False,
     **options: Any,
 ) -> Path:
     """Capture one forward pass of the SPEC's model and return the bundle path.
 
     With ``replay=REF_BUNDLE`` the model is not run: each ATen op of REF (captured with
     ``inputs=True``) is re-run alone on ``device``/``variant`` (``golden``: float64 on CPU).
+    ``allow_partial``: capture a quantizing variant even when it leaves most GEMM-like modules alone.
     """
-    device = device or ("cpu" if variant == "int8" else devices.default_device())
+    cpu_only = variant in QUANTIZED and QUANTIZED[variant][1]  # torch's int8/int4 kernels are CPU ones
+    device = device or ("cpu" if cpu_only else devices.default_device())
     if not (replay is not None and golden):  # a golden replay runs on the CPU whatever ``device`` says
         check_device(device)
     if replay is not None:
@@ -76,7 +79,7 @@ def run_capture(
         return replay_ops(replay, spec, out, device=device, variant=variant, golden=golden, mode=mode)
     torch.manual_seed(seed)
     model, inputs = load_spec(spec)
-    model, inputs, notes = apply_variant(model.eval(), inputs, variant, device)
+    model, inputs, notes = apply_variant(model.eval(), inputs, variant, device, allow_partial)
     run = {"spec": spec, "device": device, "seed": seed, **notes}
     with torch.no_grad(), capture(model, out, level=level, mode=mode, run=run, **options) as cap:
         if isinstance(inputs, dict):
