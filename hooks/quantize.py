@@ -50,6 +50,8 @@ class W8A16Linear(_WeightOnly):
 
     def __init__(self, gemm: Gemm, act_dtype: torch.dtype = torch.bfloat16) -> None:
         super().__init__(gemm, act_dtype)
+        if self.in_features % 16:  # torch 2.13's CPU kernel reads past the row otherwise (a segfault, not an error)
+            raise ValueError(f"in_features {self.in_features} is not a multiple of 16, which the kernel needs")
         w = gemm.weight.detach().float()
         scale = (w.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
         self.register_buffer("qweight", torch.round(w / scale[:, None]).clamp(-128, 127).to(torch.int8).contiguous())
