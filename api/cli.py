@@ -109,8 +109,10 @@ def capture(
 
 @app.command()
 def compare(
-    reference: Annotated[Path, typer.Argument(help="reference bundle (e.g. the GPU fp32 run)")],
-    target: Annotated[Path, typer.Argument(help="target bundle (NPU / CPU / bf16 / int8 ...)")],
+    reference: Annotated[Path, typer.Argument(help="reference bundle (e.g. the GPU fp32 run); for a multi-rank run: "
+                                                    "its base name (run.bundle for run.rank0.bundle ...), a folder of "
+                                                    "rank bundles, or a path with {rank}")],
+    target: Annotated[Path, typer.Argument(help="target bundle (NPU / CPU / bf16 / int8 ...), or a multi-rank run as above")],
     mode: Annotated[Mode, typer.Option(help=MODE_HELP)] = Mode.propagated,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write the JSON report here")] = None,
     markdown: Annotated[Optional[Path], typer.Option(help="write a Markdown report here")] = None,
@@ -124,6 +126,20 @@ def compare(
     from accuracy.errors import OpbandError
     from accuracy.report import to_html, to_json, to_markdown, to_text
 
+    from accuracy.ranks import compare_ranks, is_rank_set
+
+    if is_rank_set(reference) or is_rank_set(target):  # multi-rank runs: pair bundles by rank
+        from accuracy.report import ranks_to_dict, ranks_to_text
+
+        try:
+            config = _load_config(budgets) if budgets else None
+            ranked = compare_ranks(reference, target, mode=mode.value, budgets=config)
+        except (OpbandError, OSError, ValueError) as e:
+            _fail(str(e))
+        typer.echo(ranks_to_text(ranked, limit=limit))
+        if json_out:
+            write_report(json_out, json.dumps(ranks_to_dict(ranked), indent=2, allow_nan=False, default=str))
+        raise typer.Exit(0 if ranked else 1)
     sides = {}
     for side, path in (("reference", reference), ("target", target)):
         try:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from accuracy.manifest import Record
+from hooks import distributed
 from hooks.environment import environment
 from hooks.intrusive import intrusive_ops
 from hooks.modes import ApiMode, AtenMode, ModuleHooks
@@ -68,7 +69,8 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
 
     def __init__(self, model: torch.nn.Module, path: str | os.PathLike[str], **options: Any) -> None:
         self.model = model
-        self.path = Path(path)
+        self.distributed = distributed.rank_info()
+        self.path = distributed.rank_path(Path(path), self.distributed)  # one bundle per rank
         self.options = CaptureOptions(**options)
         self.options.validate()
         self.bundle_path: Path | None = None
@@ -110,6 +112,8 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
         opts = self.options
         run = {**opts.run, "level": opts.level, "mode": opts.mode,
                "options": _options_note(opts), "intrusive_ops": intrusive_ops(opts.level)}
+        if self.distributed is not None:
+            run["distributed"] = self.distributed
         if opts.steps is not None or rec.step:
             run["steps"] = {"selected": opts.steps, "seen": rec.step + 1}
         self.bundle_path = rec.finish(run, environment(opts.run.get("device")))
