@@ -153,6 +153,9 @@ def compare(
     ref_records = ref.records
     if replayed:  # a replay re-runs the reference's ATen ops only: its module records have no counterpart
         ref_records = [r for r in ref.records if r.kind == "aten"]
+    blocks = (tgt.manifest.run.get("compile") or {}).get("blocks")
+    if blocks:  # a compiled target records its blocks' outputs, not what runs inside them
+        ref_records = [r for r in ref_records if not inside_compiled(r, blocks)]
     pairs, unmatched = align(ref_records, tgt.records)
     if not pairs:
         raise OpbandError(
@@ -181,6 +184,17 @@ def compare(
         golden=_side(gold) if gold is not None else None,
         history={"target": tname, "ops_with_bands": sum(1 for r in results if r.bands)} if hist is not None else None,
     )
+
+
+def inside_compiled(r: Record, blocks: Iterable[str]) -> bool:
+    """Whether a record lies inside a compiled block (``hooks.compiled``): an op of the block or of a
+    module under it, or a module under it. The block's own output is observable."""
+    for b in blocks:
+        if not b:
+            return r.kind != "module" or r.module != ""
+        if r.module.startswith(b + ".") or (r.module == b and r.kind != "module"):
+            return True
+    return False
 
 
 def is_golden(b: Bundle) -> bool:

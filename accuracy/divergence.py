@@ -57,12 +57,21 @@ def mark_first_divergence(results: Sequence[Judged], local_everywhere: bool,
         local = local or bad
     else:
         local = bad
-    preferred = [r for r in local if r.kind != "module"] or local
+    # an op rather than the module around it, unless nothing inside the module was recorded (a
+    # torch.compile'd block, a module-level capture): then its output is the finest observable
+    covered = {m for r in results if r.kind != "module" for m in _ancestors(r.module)}
+    preferred = [r for r in local if r.kind != "module" or r.module not in covered] or local
     first = min(preferred, key=lambda r: r.index)
     if not local_everywhere and not inputs_of:
         for r in bad:
             r.inherited = r is not first and r.index > first.index
     return first
+
+
+def _ancestors(module: str) -> list[str]:
+    """``a.b.c`` -> ``["", "a", "a.b", "a.b.c"]``."""
+    parts = module.split(".") if module else []
+    return [""] + [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
 
 
 def dataflow(records: Sequence[object]) -> dict[str, list[str]]:

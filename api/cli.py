@@ -77,6 +77,7 @@ def capture(
     replay: Annotated[Optional[Path], typer.Option(help="re-run each op of this reference bundle (captured with --inputs) alone")] = None,
     golden: Annotated[bool, typer.Option("--golden", metavar="", help="with --replay: recompute each op in float64 on cpu")] = False,
     allow_partial: Annotated[bool, typer.Option("--allow-partial", metavar="", help="capture a quantizing variant even if it replaces under half of the GEMM-like modules")] = False,
+    compile_: Annotated[bool, typer.Option("--compile", metavar="", help="torch.compile each block (decoder layer): block outputs stay observable and pair with an eager reference")] = False,
 ) -> None:
     """Run the SPEC's model once under capture and write a bundle (or --replay a reference's ops)."""
     from hooks.runner import run_capture
@@ -89,7 +90,7 @@ def capture(
     try:
         path = run_capture(spec, out, device=device, variant=variant.value, level=level.value, mode=mode.value,
                            seed=seed, modules=modules, ops=ops, max_bytes=max_bytes, replay=replay, golden=golden,
-                           allow_partial=allow_partial, **({"inputs": True} if inputs else {}))
+                           allow_partial=allow_partial, compile=compile_, **({"inputs": True} if inputs else {}))
     except OpbandError as e:
         _fail(f"--replay {replay}: {e}" if replay is not None else str(e))
     except (SpecError, ValueError) as e:

@@ -61,6 +61,7 @@ def run_capture(
     replay: str | os.PathLike[str] | None = None,
     golden: bool = False,
     allow_partial: bool = False,
+    compile: bool = False,  # noqa: A002 - the name users know from torch.compile
     **options: Any,
 ) -> Path:
     """Capture one forward pass of the SPEC's model and return the bundle path.
@@ -68,6 +69,8 @@ def run_capture(
     With ``replay=REF_BUNDLE`` the model is not run: each ATen op of REF (captured with
     ``inputs=True``) is re-run alone on ``device``/``variant`` (``golden``: float64 on CPU).
     ``allow_partial``: capture a quantizing variant even when it leaves most GEMM-like modules alone.
+    ``compile``: run each block through ``torch.compile`` (:func:`hooks.compiled.compile_blocks`);
+    it is compiled by one forward before the captured one.
     """
     cpu_only = variant in QUANTIZED and QUANTIZED[variant][1]  # torch's int8/int4 kernels are CPU ones
     device = device or ("cpu" if cpu_only else devices.default_device())
@@ -80,6 +83,12 @@ def run_capture(
     torch.manual_seed(seed)
     model, inputs = load_spec(spec)
     model, inputs, notes = apply_variant(model.eval(), inputs, variant, device, allow_partial)
+    if compile:
+        from hooks.compiled import compile_blocks
+
+        model, notes["compile"] = compile_blocks(model)
+        with torch.no_grad():
+            model(**inputs) if isinstance(inputs, dict) else model(*inputs)
     run = {"spec": spec, "device": device, "seed": seed, **notes}
     with torch.no_grad(), capture(model, out, level=level, mode=mode, run=run, **options) as cap:
         if isinstance(inputs, dict):
