@@ -106,6 +106,12 @@ class ComparisonReport:
     def __bool__(self) -> bool:
         return self.verdict != "fail"
 
+    @property
+    def first_gradient_divergence(self) -> OpResult | None:
+        """The earliest out-of-budget gradient or parameter update (training captures), in backward order."""
+        bad = [o for o in self.ops if o.kind == "grad" and o.verdict in ("fail", "warn") and o.aligned_by != "none"]
+        return min(bad, key=lambda o: o.index) if bad else None
+
     def worst_first(self) -> list[OpResult]:
         return sorted(self.ops, key=lambda o: (-TABLE_ORDER.index(o.verdict), o.inherited, -o.severity, o.index))
 

@@ -27,6 +27,8 @@ def to_dict(report: ComparisonReport) -> dict[str, Any]:
         "golden": report.golden,
         "history": report.history,
         "first_divergence": op_to_dict(report.first_divergence) if report.first_divergence else None,
+        "first_gradient_divergence": op_to_dict(report.first_gradient_divergence)
+        if report.first_gradient_divergence else None,
         "ops": [op_to_dict(o) for o in report.worst_first()],
         "unmatched": [
             {"key": u.record.key, "output": u.record.output, "op": u.record.op, "module": u.record.module,
@@ -115,6 +117,10 @@ def headline(report: ComparisonReport) -> str:
         line += f"\n{'FAILED' if fd.verdict == 'fail' else 'WARNING'} | first divergence: {fd.id} " \
                 f"({op_words(fd.key, fd.op)}, module {fd.module or '<root>'}, input shapes {fd.shape_signature}) " \
                 f"| {fd.reason}"
+        grad = report.first_gradient_divergence
+        if grad is not None and grad is not fd:
+            line += f"\n{'FAILED' if grad.verdict == 'fail' else 'WARNING'} | first diverging gradient: {grad.id} " \
+                    f"(module {grad.module or '<root>'}, shape {'x'.join(map(str, grad.shape))}) | {grad.reason}"
         run = report.target.get("run") or {}
         if report.mode == "propagated":
             line += "\nNote: later failures marked 'inherited' carry this op's error downstream; " \

@@ -78,6 +78,10 @@ def capture(
     golden: Annotated[bool, typer.Option("--golden", metavar="", help="with --replay: recompute each op in float64 on cpu")] = False,
     allow_partial: Annotated[bool, typer.Option("--allow-partial", metavar="", help="capture a quantizing variant even if it replaces under half of the GEMM-like modules")] = False,
     compile_: Annotated[bool, typer.Option("--compile", metavar="", help="torch.compile each block (decoder layer): block outputs stay observable and pair with an eager reference")] = False,
+    backward: Annotated[bool, typer.Option("--backward", metavar="", help="run training steps (loss from the SPEC's loss_fn or the model's .loss) and record gradients and parameter updates")] = False,
+    train_steps: Annotated[Optional[int], typer.Option(min=1, help="with --backward: training steps to run (default 1)")] = None,
+    optimizer: Annotated[str, typer.Option(help="with --backward: sgd or adamw")] = "sgd",
+    lr: Annotated[float, typer.Option(help="with --backward: learning rate")] = 1e-3,
 ) -> None:
     """Run the SPEC's model once under capture and write a bundle (or --replay a reference's ops)."""
     from hooks.runner import run_capture
@@ -90,7 +94,8 @@ def capture(
     try:
         path = run_capture(spec, out, device=device, variant=variant.value, level=level.value, mode=mode.value,
                            seed=seed, modules=modules, ops=ops, max_bytes=max_bytes, replay=replay, golden=golden,
-                           allow_partial=allow_partial, compile=compile_, **({"inputs": True} if inputs else {}))
+                           allow_partial=allow_partial, compile=compile_, train_steps=train_steps, optimizer=optimizer,
+                           lr=lr, **({"inputs": True} if inputs else {}), **({"backward": True} if backward else {}))
     except OpbandError as e:
         _fail(f"--replay {replay}: {e}" if replay is not None else str(e))
     except (SpecError, ValueError) as e:

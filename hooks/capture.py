@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,6 +96,29 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
         assert self._recorder is not None, "call step() inside the with block"
         self._recorder.set_step(self._recorder.step + 1)
         return self._recorder.step
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Torch work that is not the model's (an optimizer step, a copy) runs unrecorded in this block."""
+        rec = self._recorder
+        assert rec is not None, "call paused() inside the with block"
+        busy, rec.busy = rec.busy, True
+        try:
+            with torch._C._DisableTorchDispatch():
+                yield
+        finally:
+            rec.busy = busy
+
+    def record_tensor(self, module: str, op: str, tensor: torch.Tensor, kind: str = "grad") -> None:
+        """Record a tensor the model's hooks do not see (e.g. a parameter update) as ``module/op#N``."""
+        rec = self._recorder
+        assert rec is not None, "call record_tensor() inside the with block"
+        if not rec.active:
+            return
+        with self.paused():
+            key, ordinal = rec.next_key(module, op)
+            if rec.wants(module, op):
+                rec.record(kind, module, op, key, ordinal, tensor, [tensor])
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if self._mode is not None:

@@ -10,7 +10,7 @@ import torch
 
 from hooks import devices
 from hooks.capture import capture
-from hooks.spec import load_spec
+from hooks.spec import load_training_spec
 from hooks.variants import QUANTIZED, apply_variant
 
 
@@ -62,6 +62,9 @@ def run_capture(
     golden: bool = False,
     allow_partial: bool = False,
     compile: bool = False,  # noqa: A002 - the name users know from torch.compile
+    train_steps: int | None = None,
+    optimizer: str = "sgd",
+    lr: float = 1e-3,
     **options: Any,
 ) -> Path:
     """Capture one forward pass of the SPEC's model and return the bundle path.
@@ -71,6 +74,8 @@ def run_capture(
     ``allow_partial``: capture a quantizing variant even when it leaves most GEMM-like modules alone.
     ``compile``: run each block through ``torch.compile`` (:func:`hooks.compiled.compile_blocks`);
     it is compiled by one forward before the captured one.
+    ``backward=True`` (with ``train_steps``, default 1): run training steps instead of one forward
+    (:func:`hooks.training.train_steps`; the SPEC may return a loss function as a third item).
     """
     cpu_only = variant in QUANTIZED and QUANTIZED[variant][1]  # torch's int8/int4 kernels are CPU ones
     device = device or ("cpu" if cpu_only else devices.default_device())
@@ -81,7 +86,7 @@ def run_capture(
 
         return replay_ops(replay, spec, out, device=device, variant=variant, golden=golden, mode=mode)
     torch.manual_seed(seed)
-    model, inputs = load_spec(spec)
+    model, inputs, loss_fn = load_training_spec(spec)
     model, inputs, notes = apply_variant(model.eval(), inputs, variant, device, allow_partial)
     if compile:
         from hooks.compiled import compile_blocks
@@ -90,10 +95,18 @@ def run_capture(
         with torch.no_grad():
             model(**inputs) if isinstance(inputs, dict) else model(*inputs)
     run = {"spec": spec, "device": device, "seed": seed, **notes}
-    with torch.no_grad(), capture(model, out, level=level, mode=mode, run=run, **options) as cap:
-        if isinstance(inputs, dict):
-            model(**inputs)
-        else:
-            model(*inputs)
+    if options.get("backward"):
+        from hooks.training import train_steps as run_steps
+
+        with capture(model, out, level=level, mode=mode, run=run, **options) as cap:
+            run.update(run_steps(model, inputs, cap, loss_fn, train_steps or 1, optimizer, lr))
+    else:
+        if train_steps is not None:
+            raise ValueError("train_steps needs backward=True (--backward)")
+        with torch.no_grad(), capture(model, out, level=level, mode=mode, run=run, **options) as cap:
+            if isinstance(inputs, dict):
+                model(**inputs)
+            else:
+                model(*inputs)
     assert cap.bundle_path is not None
     return cap.bundle_path
