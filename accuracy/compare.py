@@ -56,6 +56,7 @@ class OpResult:
     p_value: float | None = None  # band mode: Bonferroni over the op's metrics, before FDR control
     reference_metrics: Metrics | None = None  # golden mode: the reference against the golden
     golden_ratio: float | None = None  # golden mode: target error / reference error
+    layouts: tuple[str, str] | None = None  # (reference, target) memory layouts when they differ
 
     @property
     def id(self) -> str:
@@ -245,6 +246,14 @@ class _Context:
     target: str
 
     def judge_pair(self, pair: Pair) -> OpResult:
+        result = self._judge_values(pair)
+        r, t = pair.reference, pair.target
+        if r.layout != t.layout:  # values are stored in logical order: the comparison is by logical index
+            result.layouts = (r.layout, t.layout)
+            result.reason += f" (layouts differed: reference {r.layout}, target {t.layout}; compared by logical index)"
+        return result
+
+    def _judge_values(self, pair: Pair) -> OpResult:
         r, t = pair.reference, pair.target
         base = _base(pair)
         if not same_elements(r, t):

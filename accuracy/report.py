@@ -64,6 +64,7 @@ def op_to_dict(o: OpResult) -> dict[str, Any]:
         "severity": _num(o.severity),
         "aligned_by": o.aligned_by,
         "inherited": o.inherited,
+        "layouts": list(o.layouts) if o.layouts else None,
     }
 
 
@@ -131,6 +132,11 @@ def headline(report: ComparisonReport) -> str:
             line += "\nNote: every failure is judged as local, but the target is an end-to-end run, so an op's " \
                     "error includes what reached it from upstream; `opband capture --replay REF` measures each " \
                     "op on the reference's inputs."
+    relaid = [o for o in report.ops if o.layouts]
+    if relaid:
+        pairs = sorted({f"{a} -> {b}" for a, b in (o.layouts for o in relaid if o.layouts)})
+        line += f"\nNote: {len(relaid)} ops had different memory layouts ({', '.join(pairs[:3])}); values were " \
+                "compared by logical index."
     return line
 
 
