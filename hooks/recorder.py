@@ -22,6 +22,7 @@ import torch
 from accuracy.bundle import BundleWriter
 from accuracy.manifest import Diagnostic, Fingerprints, Manifest, Record, Stats
 from hooks import cstats, devices
+from hooks.opcall import layout_of
 from hooks.tensors import (
     StatsBatch,
     StorageMap,
@@ -159,11 +160,12 @@ class Recorder:
         slot = self.stats.add(payload.values, None if mutated else t)
         name = (self._store(rec_id, t, payload, reuse=not mutated, share=self._share_views and not mutated, slot=slot)
                 if self.opts.mode == "full" else None)
+        strides, memory_format = layout_of(t)
         self.records.append({  # a Record's fields; validated once, in finish()
             "key": key, "output": out_i, "module": module, "op": op, "ordinal": ordinal, "kind": kind,
             "index": len(self.records), "input_shapes": shapes, "input_dtypes": dtypes, "shape": payload.shape,
             "dtype": payload.dtype, "tensor": name, "input_tensors": input_names, "stats": None,
-            "qparams": payload.extra, "step": self.step,
+            "qparams": payload.extra, "step": self.step, "strides": strides, "memory_format": memory_format,
         })
         self.stats_of.append(slot)
 
