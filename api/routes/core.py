@@ -19,8 +19,9 @@ from api.store.ingest import IngestLimits, spool, store_bundle
 from api.store.models import BundleRow, Comparison, Project
 from api.schemas import (
     BundleDetail, BundlePublic, ComparisonCreate, ComparisonPublic, DriftSeries, OpResultPublic, Page,
-    ProjectPublic, RegressionPublic,
+    ProjectPublic, RegressionPublic, RunSummary, TargetPublic,
 )
+from accuracy.manifest import RunNames, run_names
 from api.observability import UPLOADS
 from api.services import Services
 
@@ -63,6 +64,19 @@ Metric = Annotated[str, one_of(queries.METRIC_COLUMNS)]
 Offset = Annotated[int, Query(ge=0, le=1_000_000_000)]
 
 
+def run_names_query(
+    label: Annotated[str | None, Query(max_length=200, description="a name for this run, e.g. nightly-2026-12-01")] = None,
+    target: Annotated[str | None, Query(max_length=200, description="the target name its series are kept under, "
+                                        "e.g. ascend-910b/bf16 (default: the manifest's, else variant@device)")] = None,
+    tag: Annotated[list[str] | None, Query(description="key=value, repeatable: branch, commit, cann, driver ...")] = None,
+) -> RunNames:
+    """Run names given as query parameters (a 422 saying what is wrong otherwise)."""
+    try:
+        return run_names(label, target, tag)
+    except ValueError as e:
+        raise InvalidInput(str(e)) from None
+
+
 def read_project(svc: Services, name: str, token: str | None) -> Project:
     return authorize(svc.db, name, token, write=False, auth_on=svc.settings.auth)
 
@@ -70,6 +84,7 @@ def read_project(svc: Services, name: str, token: str | None) -> Project:
 def comparison_public(c: Comparison) -> ComparisonPublic:
     out = ComparisonPublic.model_validate(c)
     out.target_variant, out.target_device = c.target.variant, c.target.device
+    out.reference_run, out.target_run = RunSummary.model_validate(c.reference), RunSummary.model_validate(c.target)
     return out
 
 
@@ -128,8 +143,9 @@ BINARY = {"schema": {"type": "string", "format": "binary"}}
                         413: {"description": "over the upload, manifest or record limit"},
                         422: {"description": "not a valid bundle"}})
 async def upload_bundle(project: ProjectName, request: Request, response: Response, svc: ServicesDep,
-                        token: TokenDep) -> BundlePublic:
-    """Upload one bundle file as the raw request body (streamed to disk, hashed, validated)."""
+                        token: TokenDep, names: Annotated[RunNames, Depends(run_names_query)]) -> BundlePublic:
+    """Upload one bundle file as the raw request body (streamed to disk, hashed, validated).
+    ``label``, ``target`` and ``tag`` (``key=value``, repeatable) override the manifest's run names."""
     settings = svc.settings
     proj = await run_in_threadpool(authorize_upload, svc.db, project, token, settings.auth)
     declared = request.headers.get("content-length")
@@ -141,15 +157,23 @@ async def upload_bundle(project: ProjectName, request: Request, response: Respon
                          settings.upload_idle_seconds, settings.min_free_bytes)
     limits = IngestLimits(settings.max_manifest_bytes, settings.max_records)
     row, created = await run_in_threadpool(store_bundle, svc.db, svc.store,
-                                           proj or (lambda: get_or_create_project(svc.db, project)), upload, limits)
+                                           proj or (lambda: get_or_create_project(svc.db, project)), upload, names,
+                                           limits)
     UPLOADS.labels("created" if created else "duplicate").inc()
     response.status_code = 201 if created else 200
     return BundlePublic.model_validate(row)
 
 
+TagFilter = Annotated[list[str] | None, Query(description="key=value, repeatable: runs carrying every one of these tags")]
+
+
 @router.get("/projects/{project}/bundles", response_model=Page[BundlePublic])
-def list_bundles(project: ProjectName, svc: ServicesDep, token: TokenDep, limit: Limit = 50, offset: Offset = 0) -> Page[BundlePublic]:
-    rows, count = queries.list_bundles(svc.db, read_project(svc, project, token), limit, offset)
+def list_bundles(project: ProjectName, svc: ServicesDep, token: TokenDep, limit: Limit = 50, offset: Offset = 0,
+                 label: str | None = None, target: Annotated[str | None, Query(description="target name")] = None,
+                 tag: TagFilter = None) -> Page[BundlePublic]:
+    """This project's runs, newest first; filtered by label, target name and tags."""
+    rows, count = queries.list_bundles(svc.db, read_project(svc, project, token), limit, offset,
+                                       label=label, target=target, tags=_tag_filter(tag))
     return Page(data=[BundlePublic.model_validate(r) for r in rows], count=count)
 
 
@@ -159,6 +183,21 @@ ComparisonId = Annotated[str, Path(max_length=64, description="a comparison id (
 
 def readable_bundle(svc: Services, bundle_id: str, token: str | None) -> BundleRow:
     return readable(svc, token, lambda: queries.get_bundle(svc.db, bundle_id), "bundle", bundle_id)
+
+
+def _tag_filter(tag: list[str] | None) -> dict[str, str]:
+    from accuracy.manifest import parse_tags
+
+    try:
+        return parse_tags(tag)
+    except ValueError as e:
+        raise InvalidInput(str(e)) from None
+
+
+@router.get("/projects/{project}/targets", response_model=list[TargetPublic])
+def list_targets(project: ProjectName, svc: ServicesDep, token: TokenDep) -> list[TargetPublic]:
+    """The project's target names, each with its run count and latest finished comparison."""
+    return queries.targets(svc.db, read_project(svc, project, token))
 
 
 @router.get("/bundles/{bundle_id}", response_model=BundleDetail)
@@ -212,8 +251,11 @@ def create_comparison(project: ProjectName, body: ComparisonCreate, svc: Service
 def list_comparisons(project: ProjectName, svc: ServicesDep, token: TokenDep, limit: Limit = 50, offset: Offset = 0,
                      status: Annotated[str | None, one_or_more(queries.COMPARISON_STATUSES,
                                                                "comma-separated job statuses")] = None,
+                     target: Annotated[str | None, Query(description="target name of the target run")] = None,
+                     label: Annotated[str | None, Query(description="label of either run")] = None,
                      ) -> Page[ComparisonPublic]:
-    rows, count = queries.list_comparisons(svc.db, read_project(svc, project, token), limit, offset, status)
+    rows, count = queries.list_comparisons(svc.db, read_project(svc, project, token), limit, offset, status,
+                                           target=target, label=label)
     return Page(data=[comparison_public(r) for r in rows], count=count)
 
 
@@ -251,7 +293,7 @@ def list_regressions(project: ProjectName, svc: ServicesDep, token: TokenDep,
                      status: Annotated[str | None, one_or_more(queries.REGRESSION_STATUSES,
                                                                "comma-separated regression statuses")] = "active",
                      op: str | None = None, shape: str | None = None,
-                     target: Annotated[str | None, Query(description="variant@device, e.g. bf16@cpu")] = None,
+                     target: Annotated[str | None, Query(description="target name, e.g. ascend-910b/bf16 or bf16@cpu")] = None,
                      dtype: Annotated[str | None, Query(description="the target's output dtype, e.g. bfloat16")] = None,
                      limit: Limit = 50, offset: Offset = 0) -> Page[RegressionPublic]:
     """Ops out of band, one row per (op key, input shapes, dtype, target), most recently updated first."""
@@ -263,7 +305,7 @@ def list_regressions(project: ProjectName, svc: ServicesDep, token: TokenDep,
 @router.get("/projects/{project}/drift", response_model=list[DriftSeries])
 def project_drift(project: ProjectName, svc: ServicesDep, token: TokenDep, metric: Metric = "norm_l2",
                   key: Annotated[str | None, Query(description="op key glob; default: the worst series")] = None,
-                  target: Annotated[str | None, Query(description="e.g. bf16@cpu")] = None,
+                  target: Annotated[str | None, Query(description="target name, e.g. ascend-910b/bf16 or bf16@cpu")] = None,
                   series: Annotated[int, Query(ge=1, le=100)] = 8,
                   points: Annotated[int, Query(ge=1, le=1000)] = 100) -> list[DriftSeries]:
     """A metric per op key across this project's comparisons, oldest first."""

@@ -80,7 +80,8 @@ def delete_deviation(project: ProjectName, deviation_id: RowId, svc: ServicesDep
 def update_regression(regression_id: RowId, body: RegressionUpdate, svc: ServicesDep, token: TokenDep) -> RegressionPublic:
     """Acknowledge (or re-open, accept, resolve) a regression."""
     readable(svc, token, lambda: queries.get_regression(svc.db, regression_id), "regression", regression_id, write=True)
-    return RegressionPublic.model_validate(curation.set_regression_status(svc.db, regression_id, body.status))
+    row = curation.set_regression_status(svc.db, regression_id, body.status, body.author or "anonymous", body.note)
+    return RegressionPublic.model_validate(row)
 
 
 @router.get("/bundles/{a}/diff/{b}", response_model=BundleDiff)

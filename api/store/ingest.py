@@ -24,7 +24,7 @@ from sqlalchemy.exc import IntegrityError
 
 from accuracy.bundle import Bundle
 from accuracy.errors import BundleError
-from accuracy.manifest import Record
+from accuracy.manifest import Record, RunNames
 from api.store.db import Database
 from api.errors import InvalidInput, RequestTimeout, TooLarge, Unavailable
 from api.store.maintenance import PARTIAL_SUFFIX, partial_prefix
@@ -124,9 +124,10 @@ class Inspected:
     variant: str
     device: str
     records: int
+    names: RunNames
 
 
-def inspect_bundle(path: Path, records_path: Path, limits: IngestLimits) -> Inspected:
+def inspect_bundle(path: Path, records_path: Path, limits: IngestLimits, names: RunNames | None = None) -> Inspected:
     """Open and validate a bundle and write its records' indexed fields to ``records_path`` (one JSON
     array per line). Parsing a manifest costs memory in proportion to its records: :func:`store_bundle`
     runs this in a short-lived child process, so that cost never stays in (or grows) the server."""
@@ -140,17 +141,21 @@ def inspect_bundle(path: Path, records_path: Path, limits: IngestLimits) -> Insp
                        "per bundle (OPBAND_MAX_RECORDS): split the capture (--module/--op filters)")
     check_record_fields(m.records)
     check_no_nul({"run": m.run, "environment": m.environment})
+    try:
+        named = m.names_with(names)
+    except BundleError as e:
+        raise InvalidInput(f"{e}; fix it at capture (--target, --tag) or override it at upload") from e
     with open(records_path, "w") as f:
         for r in m.records:
             f.write(json.dumps([r.key, r.output, r.op, r.module, r.kind, r.index, r.shape_signature[:1000], r.dtype]))
             f.write("\n")
-    return Inspected(m.run, m.environment, m.variant, m.device, len(m.records))
+    return Inspected(m.run, m.environment, m.variant, m.device, len(m.records), named)
 
 
 _POOL_LOCK = threading.Lock()
 
 
-def _inspect_in_child(path: Path, records_path: Path, limits: IngestLimits) -> Inspected:
+def _inspect_in_child(path: Path, records_path: Path, limits: IngestLimits, names: RunNames | None) -> Inspected:
     """:func:`inspect_bundle` in a fresh child process (forkserver: no copy of the server's state), which
     exits afterwards and returns its memory. Errors come back as the same exceptions."""
     with _POOL_LOCK:
@@ -158,7 +163,7 @@ def _inspect_in_child(path: Path, records_path: Path, limits: IngestLimits) -> I
         context.set_forkserver_preload(["api.store.ingest"])
     with ProcessPoolExecutor(1, mp_context=context, max_tasks_per_child=1) as pool:
         try:
-            return pool.submit(inspect_bundle, path, records_path, limits).result()
+            return pool.submit(inspect_bundle, path, records_path, limits, names).result()
         except BrokenProcessPool:
             raise Unavailable("validating the bundle ran out of memory or was killed: try again later; operators: "
                               "lower OPBAND_MAX_MANIFEST_BYTES / OPBAND_MAX_RECORDS or add memory") from None
@@ -177,8 +182,10 @@ def _record_batches(records_path: Path, bundle_id: str) -> Iterator[list[dict[st
 
 
 def store_bundle(db: Database, store: BlobStore, project: Project | Callable[[], Project], upload: SpooledUpload,
-                 limits: IngestLimits | None = None, isolate: bool = True) -> tuple[BundleRow, bool]:
-    """Validate and store an upload; returns (row, created). Same bytes again return the same row.
+                 names: RunNames | None = None, limits: IngestLimits | None = None,
+                 isolate: bool = True) -> tuple[BundleRow, bool]:
+    """Validate and store an upload; returns (row, created). Same bytes again return the same row (with
+    the names it was first stored under). ``names`` given at upload override the manifest's.
 
     ``project`` may be a function that makes it: it is called only once the bundle is valid, so an
     invalid upload creates nothing. The bundle is parsed in a child process (``isolate``) and its
@@ -193,8 +200,9 @@ def store_bundle(db: Database, store: BlobStore, project: Project | Callable[[],
             existing = _find(db, project.id, upload.sha256)
             if existing is not None:
                 return existing, False
-        found = (_inspect_in_child if isolate else inspect_bundle)(upload.path, records_path, limits)
+        found = (_inspect_in_child if isolate else inspect_bundle)(upload.path, records_path, limits, names)
         run, env = found.run, found.environment
+        variant, device = _text(found.variant, 40) or "fp32", _text(found.device, 100) or "cpu"
         if not isinstance(project, Project):
             project = project()
             existing = _find(db, project.id, upload.sha256)
@@ -202,8 +210,9 @@ def store_bundle(db: Database, store: BlobStore, project: Project | Callable[[],
                 return existing, False
         row = BundleRow(
             id=uuid.uuid4().hex, project_id=project.id, sha256=upload.sha256, size=upload.size,
-            storage_key=f"{project.name}/{upload.sha256}.bundle", label=_text(run.get("label"), 200),
-            variant=_text(found.variant, 40) or "fp32", device=_text(found.device, 100) or "cpu",
+            storage_key=f"{project.name}/{upload.sha256}.bundle", label=found.names.label,
+            variant=variant, device=device, target=found.names.target_or_default(variant, device)[:200],
+            tags=found.names.tags,
             level=_text(run.get("level"), 20), mode=_text(run.get("mode"), 20),
             git_commit=_text(env.get("git_commit"), 64), git_branch=_text(env.get("git_branch"), 200),
             records=found.records, run=run, environment=env,
