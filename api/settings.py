@@ -50,6 +50,8 @@ class Settings(BaseSettings):
         "upload temp files (.partial) older than this are left by a crash: removed at start and every 10 minutes"))
     metrics_token: str | None = Field(default=None, description=(
         "with auth on, /metrics needs 'Authorization: Bearer <this>' (unset: /metrics answers 403)"))
+    admin_token: str | None = Field(default=None, description=(
+        "with auth on, /api/v1/admin/* needs 'Authorization: Bearer <this>' (unset: the admin routes answer 403)"))
     auth: bool = Field(default=False, description="require project tokens (on whenever bound beyond loopback)")
     host: str = "127.0.0.1"
     port: int = 8000
