@@ -474,6 +474,23 @@ def db_upgrade(data_dir: DataDir = Path(".opband"), revision: str = "head") -> N
     typer.echo(f"database at {revision}: {where}")
 
 
+@db_app.command("downgrade")
+def db_downgrade(revision: Annotated[str, typer.Argument(help="the revision to go back to, e.g. 0003")],
+                 data_dir: DataDir = Path(".opband")) -> None:
+    """Migrate the database back to REVISION (before running an older opband); the data is kept."""
+    from sqlalchemy.exc import DBAPIError
+
+    from api.store.db import downgrade as run
+
+    settings = _settings(data_dir=data_dir)
+    where = settings.effective_database_url.split("@")[-1]
+    try:
+        run(settings.effective_database_url, revision)
+    except DBAPIError as e:
+        _fail(f"cannot migrate the database {where}: {str(e.orig or e).strip().splitlines()[0][:300]}")
+    typer.echo(f"database at {revision}: {where}")
+
+
 @token_app.command("create")
 def token_create(
     project: Annotated[str, typer.Option(help="project the token is for (created if missing)")],
