@@ -37,6 +37,9 @@ class Settings(BaseSettings):
     workers: int = Field(default=2, ge=0, description="in-process comparison workers (queue=embedded; 0 = none)")
     job_lease_seconds: int = Field(default=600, ge=5, description="a running job not renewed in this time is retried")
     max_job_attempts: int = Field(default=3, ge=1)
+    job_in_child_process: bool = Field(default=True, description=(
+        "run each comparison in a short-lived child process: its memory is returned when it ends, and a "
+        "crash or OOM kill of it leaves the API (or worker) running; the job is retried"))
     max_upload_bytes: int = Field(default=8 << 30, ge=1, description="uploads beyond this get 413")
     max_json_bytes: int = Field(default=1 << 20, ge=1, description="JSON request bodies beyond this get 413, unread")
     max_manifest_bytes: int = Field(default=128 << 20, ge=1, description=(
