@@ -283,6 +283,10 @@ def upload(
     except (ClientError, OSError) as e:
         _fail(str(e))
     typer.echo(json.dumps(row, indent=2))
+    if (names.target and row.get("target") != names.target) or (names.label and row.get("label") != names.label):
+        typer.echo(f"note: these bytes were uploaded before (bundle {row['id']}, target {row.get('target')}, label "
+                   f"{row.get('label')}); the same bytes are the same run, so the names given now are not applied",
+                   err=True)
 
 
 @app.command()

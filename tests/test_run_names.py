@@ -118,8 +118,10 @@ def test_names_from_the_manifest_and_upload_overrides(live_server: LiveServer, t
     assert (row["label"], row["target"], row["tags"]) == ("cap", "npu/bf16", {"branch": "dev", "driver": "24.1"})
     other = tmp_path / "other.bundle"
     other.write_bytes(named.read_bytes() + b"")  # same bytes: same row, whatever the flags say
-    again = _upload(live_server, other, "--target", "elsewhere/bf16")
-    assert again["id"] == row["id"] and again["target"] == "npu/bf16"
+    r = opband("upload", str(other), "--server", live_server.url, "--project", "p", "--target", "elsewhere/bf16")
+    again = json.loads(r.stdout)
+    assert r.returncode == 0 and again["id"] == row["id"] and again["target"] == "npu/bf16"
+    assert "uploaded before" in r.stderr and "names given now are not applied" in r.stderr
     path2 = write_bundle(tmp_path / "t2.bundle", OPS, target=True, variant="bf16", environment={"host": "t2"})
     row2 = _upload(live_server, path2, "--label", "up", "--target", "npu/bf16", "--tag", "driver=25")
     assert (row2["label"], row2["target"], row2["tags"]) == ("up", "npu/bf16", {"driver": "25"})
