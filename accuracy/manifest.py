@@ -10,7 +10,7 @@ from accuracy.errors import BundleError
 from accuracy.strictjson import loads_strict
 
 FORMAT_NAME = "opband.bundle"
-FORMAT_VERSION = "1.1"
+FORMAT_VERSION = "1.2"
 SUPPORTED_MAJOR = 1
 
 RecordKind = Literal["module", "aten", "api", "grad"]
@@ -53,11 +53,20 @@ class Record(BaseModel):
     stats: Stats | None = None
     qparams: dict[str, Any] | None = None
     step: int = 0
+    strides: list[int] | None = None  # 1.2: the output's strides when it is not contiguous (values stay logical)
+    memory_format: str | None = None  # 1.2: "channels_last", "channels_last_3d" or "strided"; None = contiguous
 
     @property
     def id(self) -> str:
         """Unique within a bundle: the op key, plus ``:N`` for output N > 0."""
         return self.key if self.output == 0 else f"{self.key}:{self.output}"
+
+    @property
+    def layout(self) -> str:
+        """``contiguous``, ``channels_last`` … or ``strided [s0, s1]``: how the output lay in memory."""
+        if self.memory_format is None:
+            return "contiguous"
+        return f"strided {self.strides}" if self.memory_format == "strided" else self.memory_format
 
     @property
     def shape_signature(self) -> str:
@@ -70,6 +79,27 @@ class Record(BaseModel):
         if len(v) > 4096:
             raise ValueError("longer than 4096 characters")
         return v
+
+
+class TensorPrint(BaseModel):
+    """A tensor's fingerprint: a digest of its bytes, and statistics that survive an honest dtype cast."""
+
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
+    shape: list[int]
+    dtype: str
+    digest: str
+    sum: float
+    l2: float
+    absmax: float
+    nonfinite: int = 0
+
+
+class Fingerprints(BaseModel):
+    """The run's model inputs (first call of the captured model) and its parameters and buffers (since 1.2)."""
+
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
+    inputs: dict[str, TensorPrint] = Field(default_factory=dict)
+    parameters: dict[str, TensorPrint] = Field(default_factory=dict)
 
 
 class Diagnostic(BaseModel):
@@ -157,6 +187,7 @@ class Manifest(BaseModel):
     records: list[Record] = Field(default_factory=list)
     skipped_ops: dict[str, int] = Field(default_factory=dict)
     diagnostics: list[Diagnostic] = Field(default_factory=list)
+    fingerprints: Fingerprints | None = None
 
     @field_validator("format_version")
     @classmethod

@@ -238,6 +238,8 @@ class DeviationPublic(BaseModel):
 class RegressionUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     status: Literal["active", "acknowledged", "accepted", "resolved"]
+    author: str | None = Field(default=None, max_length=200, description="who decided (kept in the regression's audit)")
+    note: str | None = Field(default=None, max_length=4000, description="why (kept in the audit)")
 
 
 class EnvironmentChange(BaseModel):

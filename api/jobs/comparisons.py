@@ -160,7 +160,8 @@ def accepted_history(s: Any, project_id: int, target: str, exclude: str) -> dict
     rows = [r for r in rows if isinstance(r.metrics, dict)]  # JSON null (unmatched ops) carries no metrics
     if not rows:
         return None
-    results = [{"key": r.key.rsplit(":", 1)[0] if r.output else r.key, "op": r.op, "shape_signature": r.shape_signature,
+    results = [{"key": r.key.rsplit(":", 1)[0] if r.output else r.key, "output": r.output, "op": r.op,
+                "shape_signature": r.shape_signature,
                 "dtype": r.dtype, "target": target, "run": r.comparison_id, "metrics": r.metrics} for r in rows]
     return {"schema": "opband.history/1", "results": results}
 

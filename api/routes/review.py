@@ -80,7 +80,8 @@ def update_regression(regression_id: int, body: RegressionUpdate, svc: ServicesD
     """Acknowledge (or re-open, accept, resolve) a regression."""
     reg = queries.get_regression(svc.db, regression_id)
     write_project(svc, project_by_id(svc, reg.project_id).name, token)
-    return RegressionPublic.model_validate(curation.set_regression_status(svc.db, regression_id, body.status))
+    row = curation.set_regression_status(svc.db, regression_id, body.status, body.author or "anonymous", body.note)
+    return RegressionPublic.model_validate(row)
 
 
 @router.get("/bundles/{a}/diff/{b}", response_model=BundleDiff)

@@ -222,3 +222,19 @@ class Regression(Base):
     @property
     def target(self) -> str:
         return self.series.target
+
+
+class RegressionEvent(Base):
+    """The audit of one decision about a regression: who did what, when (acknowledge, accept, re-open)."""
+
+    __tablename__ = "regression_events"
+    __table_args__ = (Index("ix_regression_events_project_at", "project_id", "at"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    regression_id: Mapped[int] = mapped_column(ForeignKey("regressions.id", ondelete="CASCADE"), index=True)
+    status: Mapped[str] = mapped_column(String(20))  # the status it was set to
+    actor: Mapped[str] = mapped_column(String(200))  # the author given, else the token's name, else "anonymous"
+    note: Mapped[str | None] = mapped_column(Text)
+    deviation_id: Mapped[int | None] = mapped_column(Integer)  # the accepted deviation behind it (kept if deleted)
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -125,10 +125,16 @@ def op_results(
     shape: str | None = None, verdict: str | None = None, metric: str | None = None,
     min_value: float | None = None, max_value: float | None = None, sort: str = "worst",
     order: str = "desc", limit: int = 50, offset: int = 0, with_metrics: bool = True,
+    search: str | None = None, inherited: bool | None = None,
 ) -> tuple[list[OpResultRow], int]:
-    """Per-op results of one comparison, filtered by op, module glob, input shapes, verdict, metric range."""
+    """Per-op results of one comparison, filtered by op, module glob, input shapes, verdict, metric range,
+    a substring of the op key (``search``) and whether the error was inherited."""
     get_comparison(db, comparison_id)
     q = select(OpResultRow).where(OpResultRow.comparison_id == comparison_id)
+    if search:
+        q = q.where(OpResultRow.key.like(f"%{glob_to_like(search)}%", escape="\\"))
+    if inherited is not None:
+        q = q.where(OpResultRow.inherited == inherited)
     if op:
         q = q.where(OpResultRow.op == op)
     if module:
@@ -194,10 +200,16 @@ def drift(db: Database, project: Project, metric: str, key: str | None, target: 
             sq = sq.where(Series.key.like(glob_to_like(key), escape="\\"))
         if target:
             sq = sq.where(Series.target == target)
-        if not key:
-            # the series that were ever worst: what a person wants to see first (an index, not a scan)
-            sq = sq.order_by(Series.worst_severity.desc().nulls_last())
-        series = list(s.scalars(sq.limit(series_limit)))
+        if key:
+            series = list(s.scalars(sq.limit(series_limit)))
+        else:
+            # every open regression and every recent first divergence, then the series that were ever
+            # worst (an index, not a scan) up to ``series_limit``: what a person wants to see first
+            must = _flagged_series_ids(s, project, target)
+            series = list(s.scalars(sq.where(Series.id.in_(must)))) if must else []
+            worst = sq.where(Series.id.not_in(must)) if must else sq
+            series += list(s.scalars(worst.order_by(Series.worst_severity.desc().nulls_last())
+                                     .limit(max(series_limit - len(series), 0))))
         out = []
         for ser in series:
             rows = s.execute(
@@ -212,6 +224,28 @@ def drift(db: Database, project: Project, metric: str, key: str | None, target: 
             out.append(DriftSeries(key=ser.key, shape_signature=ser.shape_signature, dtype=ser.dtype,
                                    target=ser.target, metric=metric, points=pts))
     return out
+
+
+#: how many recent comparisons' first divergences the default drift view always shows
+FIRST_DIVERGENCE_WINDOW = 50
+
+
+def _flagged_series_ids(s: Any, project: Project, target: str | None) -> list[int]:
+    """Series of the open regressions and of the recent comparisons' first divergences."""
+    ids = set(s.scalars(select(Regression.series_id).where(Regression.project_id == project.id,
+                                                          Regression.status.in_(("active", "acknowledged")))))
+    recent = s.execute(select(Comparison.id, Comparison.first_divergence)
+                       .where(Comparison.project_id == project.id, Comparison.status == "done")
+                       .order_by(Comparison.created_at.desc()).limit(FIRST_DIVERGENCE_WINDOW)).all()
+    for cid, fd in recent:
+        if fd and fd.get("key"):
+            key = fd["key"] if not fd.get("output") else f"{fd['key']}:{fd['output']}"
+            ids.update(s.scalars(select(OpResultRow.series_id).where(OpResultRow.comparison_id == cid,
+                                                                    OpResultRow.key == key).limit(1)))
+    q = select(Series.id).where(Series.id.in_(ids - {None}))
+    if target:
+        q = q.where(Series.target == target)
+    return list(s.scalars(q))
 
 
 def get_regression(db: Database, regression_id: int) -> Regression:
