@@ -108,9 +108,10 @@ def test_series_and_regressions_are_kept_per_target_name(live_server: LiveServer
         assert targets["fp32@cpu"]["latest_comparison_id"] is None
         bad = c.post("/api/v1/projects/p/bundles", params={"target": "has space"}, content=b"x")
         assert bad.status_code == 422 and "ascend-910b/bf16" in bad.json()["detail"]
+    _names_from_the_manifest_and_upload_overrides(live_server, tmp_path)  # on the same server (one start less)
 
 
-def test_names_from_the_manifest_and_upload_overrides(live_server: LiveServer, tmp_path: Path) -> None:
+def _names_from_the_manifest_and_upload_overrides(live_server: LiveServer, tmp_path: Path) -> None:
     """capture -> upload: the manifest's names land in the database; upload flags override them."""
     named = write_bundle(tmp_path / "named.bundle", OPS, target=True, variant="bf16", run={
         "label": "cap", "target": "npu/bf16", "tags": {"branch": "dev", "driver": "24.1"}})

@@ -303,13 +303,16 @@ def _update_regressions(s: Any, job: Comparison, report: accuracy.ComparisonRepo
     last_seen_at = dict(s.execute(select(Comparison.id, Comparison.created_at).where(Comparison.id.in_(seen))).all())
     job_at = _aware(job.created_at)
     has_ops = any(o.kind != "module" for o in report.ops)
+    first_id = report.first_divergence.id if report.first_divergence is not None else None
     for o in report.ops:
         ser = series[(o.id, o.shape_signature, o.dtype)]
         reg = by_series.get(ser.id)
         if reg is not None and reg.last_comparison_id in last_seen_at \
                 and _aware(last_seen_at[reg.last_comparison_id]) > job_at:
             continue
-        local = not o.inherited and (o.kind != "module" or not has_ops)  # a module only contains its ops' error
+        # a module output only contains its ops' error, unless it is the first divergence itself (none of
+        # its own ops explains it: they ran another implementation, or were not captured)
+        local = not o.inherited and (o.kind != "module" or not has_ops or o.id == first_id)
         if o.verdict == "fail" and local:
             match = next((d for d in deviations if fnmatch.fnmatchcase(o.id, d.key_pattern)
                           and d.shape_signature in (None, o.shape_signature)), None)
