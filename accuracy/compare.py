@@ -317,7 +317,8 @@ def _measure(ref: Bundle | None, tgt: Bundle, r: Record | None, t: Record) -> Me
         if not is_float_dtype(r.dtype) or not is_float_dtype(t.dtype):
             return compare_discrete(ref.iter_chunks(r.tensor), tgt.iter_chunks(t.tensor))
         absmax = r.stats.absmax if r.stats and r.stats.absmax is not None else None
-        return compare_arrays(ref.iter_chunks(r.tensor), tgt.iter_chunks(t.tensor), t.dtype, absmax)
+        (rv, rtag), (tv, ttag) = ref.stored(r.tensor), tgt.stored(t.tensor)
+        return compare_arrays(rv, tv, t.dtype, absmax, reference_dtype=rtag, stored_dtype=ttag)
     if r.stats and t.stats:
         return compare_stats(r.stats, t.stats, t.dtype)
     return None

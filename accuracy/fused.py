@@ -442,11 +442,16 @@ def _error_kernel(r: Any, t: Any, guard: float, tiny: float, one_ulp: float, th0
 
 
 class ErrorAccumulator:
-    """Running error sums, maxima, counts and histogram codes of one pair, fed chunk by chunk."""
+    """Running error sums, maxima, counts and histogram codes of one pair, fed chunk by chunk.
+
+    ``guard``: the floor of ``|r|`` in relative errors; ``tiny``, ``mant``: the target dtype's
+    smallest normal and mantissa bits (ULP distances); ``thresholds``: the three relative-error
+    levels whose exceedances are counted."""
 
     def __init__(self, guard: float, tiny: float, mant: int, thresholds: tuple[float, float, float]) -> None:
         self.acc = np.zeros(len(ACC_FIELDS), np.float64)
         self.hist = np.zeros(N_CODES, np.int64)
+        self.mant = mant  # ULP sums and maxima are kept scaled by 2^-mant
         self.args = (float(guard), float(tiny), float(2.0**-mant), *map(float, thresholds))
 
     def add(self, r: np.ndarray, t: np.ndarray, threads: int = 1) -> None:
@@ -520,11 +525,13 @@ def _pool() -> ThreadPoolExecutor:
     return _POOL
 
 
-def warm_up() -> None:
-    """Compile (or load from numba's cache) the kernels for every encoding, outside a hot loop."""
+def warm_up(errors: bool = False) -> None:
+    """Compile (or load from numba's cache) the statistics kernels for every encoding, and with
+    ``errors`` the error kernel for same-typed pairs, outside a hot loop."""
     idx = np.zeros(1, np.int64)
     acc = ErrorAccumulator(2.0**-126, 2.0**-126, 23, (1e-4, 1e-3, 5e-3))
     for dt in (np.float32, np.float64, np.uint16, np.int16):
         z = np.zeros(1, dt)
         tensor_stats(z, idx)
-        acc.add(z, z)
+        if errors:
+            acc.add(z, z)

@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hooks import capture, cstats, demo_model  # noqa: E402
+from hooks import capture, demo_model  # noqa: E402
 
 
 def _plain(model: torch.nn.Module, x: torch.Tensor) -> float:
@@ -87,7 +87,7 @@ def main() -> None:
                     raw[level].append(_raw_write(d / "raw.bin", size))
                 (d / f"{level}-{mode}.bundle").unlink()
     med = {k: statistics.median(v) for k, v in times.items()}
-    kernel = "fused C kernel" if cstats.load() is not None else f"torch reductions ({cstats.unavailable_reason()})"
+    kernel = "accuracy.fused (numba)"
     print(f"threads={torch.get_num_threads()} runs={args.runs} plain forward={med['plain'] * 1e3:.1f} ms "
           f"(min {min(times['plain']) * 1e3:.1f}), statistics: {kernel}")
     print("level   mode     median ratio  ratio of medians  goal   bundle")

@@ -21,7 +21,8 @@ import torch
 
 from accuracy.bundle import BundleWriter
 from accuracy.manifest import Diagnostic, Manifest, Record, Stats
-from hooks import cstats, devices
+from accuracy import fused
+from hooks import devices
 from hooks.tensors import (
     StatsBatch,
     StorageMap,
@@ -81,7 +82,7 @@ class Recorder:
         self.show_progress = sys.stderr.isatty() if opts.progress is None else opts.progress
         self._module_globs = list(opts.modules or [])
         self._op_globs = list(opts.ops or [])
-        cstats.load()  # build/load the statistics kernel now, not inside the first op
+        fused.warm_up()  # compile (or load from numba's cache) the statistics kernels now, not in the first op
 
     # -- keys and filters -------------------------------------------------------------------
     @property

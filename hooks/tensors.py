@@ -11,10 +11,11 @@ import math
 import weakref
 from typing import Any
 
+import numpy as np
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from hooks import cstats
+from accuracy import fused
 
 #: Ops that move no numbers: views, reshapes, aliasing, metadata. Skipped and counted by default.
 NO_NUMBER_OPS = frozenset({
@@ -258,61 +259,68 @@ def _sample_index(n: int, device: torch.device) -> torch.Tensor:
 
 
 def host_stats(values: torch.Tensor) -> list[float]:
-    """Statistics of a CPU tensor as a host list, in as few passes over memory as possible.
+    """Statistics of a CPU tensor as a host list, in one pass over its memory.
 
-    With the fused kernel (:mod:`hooks.cstats`): one pass for min, max, sum, sum of squares, the
-    zero count and the non-finite count (a second, masked one when a value is NaN or Inf: then the
-    statistics are over the finite values, as in :func:`device_stats`). Without it: ``amin`` and
-    ``amax`` (NaN propagates, so a non-finite value shows in them), ``sum`` and the sum of squares
-    (float64 accumulation) and, when 0 lies in [min, max], a zero count on the integer view of the bits (a fast ``count_nonzero``; ``-0.0``
-    found by ``amin`` of the same view), and :func:`device_stats` when a value is non-finite.
-    ``absmax`` is ``max(-min, max)``, std comes from the two sums (a centred second pass when the
-    mean is so large against the spread that ``E[x^2] - E[x]^2`` would cancel); no float64 copy
-    of a float tensor is made. CPU values are already on the host, so these branches cost no
-    device sync.
+    :func:`accuracy.fused.tensor_stats` (numba; the same kernels as the metric suite) reads
+    float32/float64 values and BF16/F16 words where they lie, without a copy, also a dense
+    permuted tensor (storage order); min, max, sum, sum of squares, the zero count and the
+    non-finite counts come from that one pass (a block holding NaN/Inf is redone masked: the
+    statistics are then over the finite values, as in :func:`device_stats`). Integer tensors are
+    converted to float64 first, other non-contiguous ones copied. ``absmax`` is ``max(-min, max)``;
+    std comes from the two sums, with a centred second pass when the mean is so large against the
+    spread that ``E[x^2] - E[x]^2`` would cancel. CPU values are already on the host: no device sync.
     """
     if values.dtype == torch.bool:
         return _bool_stats(values)
     x = values
-    if x.dtype not in (torch.float32, torch.float64):
-        x = x.reshape(-1).to(torch.float64 if not x.is_floating_point() else torch.float32)
+    if x.dtype not in _KERNEL_WORDS:
+        x = x.reshape(-1).to(torch.float64)
     n = x.numel()
-    idx = _sample_index(n, x.device)
-    k = idx.numel()
-    row = None
-    if x.is_contiguous():
-        x = x.reshape(-1)
-        row = cstats.fused(x, idx)
-    elif cstats.load() is not None and (where := _dense_offsets(x)) is not None:
-        row = cstats.fused(x, where)  # a permuted dense tensor: its memory in storage order, in one pass
-    if row is None:
-        x = x.reshape(-1)
-        if not x.is_contiguous():
+    if n == 0:
+        return [0.0, math.inf, -math.inf, 0.0, 0.0, 0.0, -math.inf, 0.0, 0.0, 0.0, *([0.0] * SAMPLE_SIZE)]
+    idx = _sample_index_np(n)
+    where = None
+    if not x.is_contiguous():
+        where = _dense_offsets(x)
+        if where is None:
             x = x.contiguous()
-        row = cstats.fused(x, idx)
-    nan = inf = 0.0
-    if row is not None:
-        lo_f, hi_f, s_f, ss_f, nan, inf, zeros, count = row[: cstats.N_HEAD]
-        sample = row[cstats.N_HEAD:]
-    else:
-        lo, hi = torch.amin(x), torch.amax(x)
-        # one read-back; sums in float64 (torch's cascade sum: ~1e-8 relative at 4M elements, where
-        # MKL's float32 ``dot`` is off by ~2e-5)
-        f64 = torch.float64
-        lo_f, hi_f, s_f, ss_f = torch.stack([lo.to(f64), hi.to(f64), x.sum(dtype=f64), x.square().sum(dtype=f64)]).tolist()
-        if not (abs(lo_f) < math.inf and abs(hi_f) < math.inf):
-            return device_stats(values).tolist()
-        zeros = _count_zeros(x) if lo_f <= 0.0 <= hi_f else 0
-        count = n
-        sample = x.index_select(0, idx).tolist()
+        else:  # a permuted dense tensor: its memory in storage order, in one pass
+            x = x.as_strided((n,), (1,))
+    words = _KERNEL_WORDS[x.dtype]
+    flat = x.reshape(-1)
+    arr = (flat if words is None else flat.view(words)).numpy()
+    if x.dtype == torch.bfloat16:
+        arr = arr.view(np.uint16)
+    threads = torch.get_num_threads() if n >= fused.PARALLEL_MIN else 1
+    row = fused.tensor_stats(arr, idx if where is None else where, threads).tolist()
+    lo_f, hi_f, s_f, ss_f, nan, inf, zeros, count = row[: fused.N_STATS]
+    sample = row[fused.N_STATS:]
     c = max(count, 1)
     mean = s_f / c
     var = max(ss_f / c - mean * mean, 0.0)
-    if var <= _CANCEL[x.dtype] * mean * mean and count:  # cancellation: measure the spread directly
-        d = (x - mean if count == n else torch.where(torch.isfinite(x), x - mean, 0.0)).reshape(-1)
+    if var <= _CANCEL.get(x.dtype, _CANCEL[torch.float32]) * mean * mean and count:  # cancellation: measure the spread directly
+        xf = x.reshape(-1) if x.dtype in (torch.float32, torch.float64) else x.reshape(-1).float()
+        d = xf - mean if count == n else torch.where(torch.isfinite(xf), xf - mean, 0.0)
         var = float(d.square().sum(dtype=torch.float64)) / c
     return [float(n), lo_f, hi_f, mean, math.sqrt(var), math.sqrt(ss_f), max(-lo_f, hi_f), nan, inf, float(zeros),
-            *sample, *([0.0] * (SAMPLE_SIZE - k))]
+            *sample, *([0.0] * (SAMPLE_SIZE - len(sample)))]
+
+
+#: dtypes the statistics kernel reads in place, and the integer view it reads their words through
+_KERNEL_WORDS: dict[torch.dtype, torch.dtype | None] = {
+    torch.float32: None, torch.float64: None, torch.bfloat16: torch.int16, torch.float16: torch.int16,
+}
+_SAMPLE_NP: dict[int, np.ndarray] = {}
+
+
+def _sample_index_np(n: int) -> np.ndarray:
+    """:func:`_sample_index` on the CPU as a numpy array (cached)."""
+    idx = _SAMPLE_NP.get(n)
+    if idx is None:
+        if len(_SAMPLE_NP) > 4096:
+            _SAMPLE_NP.clear()
+        idx = _SAMPLE_NP[n] = _sample_index(n, torch.device("cpu")).numpy()
+    return idx
 
 
 def _bool_stats(values: torch.Tensor) -> list[float]:
@@ -325,10 +333,10 @@ def _bool_stats(values: torch.Tensor) -> list[float]:
             math.sqrt(nz), 1.0 if nz else 0.0, 0.0, 0.0, float(n - nz), *sample, *([0.0] * (SAMPLE_SIZE - len(sample)))]
 
 
-_DENSE: dict[tuple[tuple[int, ...], tuple[int, ...]], torch.Tensor | None] = {}
+_DENSE: dict[tuple[tuple[int, ...], tuple[int, ...]], np.ndarray | None] = {}
 
 
-def _dense_offsets(x: torch.Tensor) -> torch.Tensor | None:
+def _dense_offsets(x: torch.Tensor) -> np.ndarray | None:
     """For a non-contiguous tensor whose elements fill ``numel`` consecutive slots from its data
     pointer (a permutation of a contiguous one, e.g. ``transpose(1, 2)`` then an elementwise op):
     the storage offsets of the sample elements. None when it has gaps or overlaps (cached per layout)."""
@@ -351,27 +359,11 @@ def _dense_offsets(x: torch.Tensor) -> torch.Tensor | None:
                 flat, i = divmod(flat, sz)
                 off += i * st
             offsets.append(off)
-        where = torch.tensor(offsets, dtype=torch.int64)
+        where = np.array(offsets, np.int64)
     if len(_DENSE) > 4096:
         _DENSE.clear()
     _DENSE[key] = where
     return where
-
-
-_INT_VIEW = {torch.float32: torch.int32, torch.float64: torch.int64}
-
-
-def _count_zeros(x: torch.Tensor) -> int:
-    """Elements equal to zero (+0.0 or -0.0; NaN is not) of a contiguous finite float tensor.
-
-    ``count_nonzero`` of the bits as integers is ~2.5x faster than on floats; it sees ``+0.0`` only.
-    ``-0.0`` is the most negative integer of that view, so its ``amin`` says whether any exist.
-    """
-    bits = x.view(_INT_VIEW[x.dtype])
-    zeros = x.numel() - int(torch.count_nonzero(bits))
-    if int(bits.amin()) == torch.iinfo(bits.dtype).min:
-        zeros += int((bits == torch.iinfo(bits.dtype).min).sum())
-    return zeros
 
 
 #: ``var <= k * mean^2`` means the one-pass variance has lost most of its digits (k ~ 1e4 ulp).
