@@ -121,7 +121,7 @@ class BundleWriter:
             raise BundleError(f"duplicate tensor name {name!r}")
         if dtype not in DTYPES:
             raise BundleError(f"unsupported dtype tag {dtype!r}")
-        size = int(np.prod(shape, dtype=np.int64)) * DTYPES[dtype][1]
+        size = math.prod(shape) * DTYPES[dtype][1]
         view = memoryview(data)
         view = memoryview(b"") if view.nbytes == 0 else view.cast("B") if view.format != "B" or view.ndim != 1 else view
         if view.nbytes != size:

@@ -269,28 +269,99 @@ def _stats_kernel(x: Any, out: Any) -> None:  # pragma: no cover - compiled
     out[4], out[5], out[6], out[7] = nan, inf, zeros, count
 
 
-@numba.njit(nogil=True, cache=True)
-def _sample_kernel(x: Any, idx: Any, out: Any) -> None:  # pragma: no cover - compiled
-    for j in range(idx.shape[0]):
-        out[N_STATS + j] = _load(x, idx[j])
-
-
-def tensor_stats(x: np.ndarray, idx: np.ndarray, threads: int = 1) -> np.ndarray:
-    """``[lo, hi, sum, sumsq, nan, inf, zeros, finite, *x[idx]]`` (float64) of a flat kernel array:
-    min, max and the sums over the finite values, in one pass (two for blocks holding NaN/Inf).
-    ``idx``: int64 flat indices of the sample. ``threads`` > 1 splits large arrays."""
-    out = np.empty(N_STATS + idx.shape[0], np.float64)
-    n = x.shape[0]
-    parts = _parts(n, threads)
+def tensor_stats(x: np.ndarray, threads: int = 1) -> np.ndarray:
+    """``[lo, hi, sum, sumsq, nan, inf, zeros, finite]`` (float64) of a flat kernel array: min, max
+    and the sums over the finite values, in one pass (two for blocks holding NaN/Inf). ``threads``
+    > 1 splits large arrays."""
+    out = np.empty(N_STATS, np.float64)
+    parts = _parts(x.shape[0], threads)
     if len(parts) == 1:
         _stats_kernel(x, out)
+        return out
+    rows = np.empty((len(parts), N_STATS), np.float64)
+    list(_pool().map(lambda p: _stats_kernel(x[p[1]:p[2]], rows[p[0]]), parts))
+    out[0], out[1] = rows[:, 0].min(), rows[:, 1].max()
+    out[2:] = rows[:, 2:].sum(axis=0)  # fixed order: the parts' order
+    return out
+
+
+#: :func:`stats_row` layout: these fields, then the sample (zero-padded to the row's length).
+ROW_FIELDS = ("numel", "min", "max", "mean", "std", "l2", "absmax", "nan", "inf", "zeros")
+_N_ROW = len(ROW_FIELDS)
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def _finish_row(x: Any, idx: Any, head: Any, cancel: float, out: Any) -> None:  # pragma: no cover - compiled
+    """The statistics row from :func:`_stats_kernel`'s ``head``: std from the two sums, or from a
+    centred second pass when ``var <= cancel * mean^2`` (the one-pass form lost its digits)."""
+    lo, hi, s, q = head[0], head[1], head[2], head[3]
+    count = head[7]
+    c = max(count, 1.0)
+    mean = s / c
+    var = max(q / c - mean * mean, 0.0)
+    if count > 0 and var <= cancel * mean * mean:
+        acc = 0.0
+        for i in range(x.shape[0]):
+            v = _load(x, i)
+            if v - v == 0.0:  # finite
+                acc += (v - mean) * (v - mean)
+        var = acc / c
+    out[0] = x.shape[0]
+    out[1], out[2], out[3], out[4], out[5] = lo, hi, mean, np.sqrt(var), np.sqrt(q)
+    out[6] = max(-lo, hi)
+    out[7], out[8], out[9] = head[4], head[5], head[6]
+    k = idx.shape[0]
+    for j in range(k):
+        out[_N_ROW + j] = _load(x, idx[j])
+    for j in range(_N_ROW + k, out.shape[0]):
+        out[j] = 0.0
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def _row(x: Any, idx: Any, cancel: float, out: Any) -> None:  # pragma: no cover - compiled
+    head = np.empty(N_STATS, np.float64)
+    _stats_kernel(x, head)
+    _finish_row(x, idx, head, cancel, out)
+
+
+@intrinsic
+def _voidptr(typingctx: Any, addr: Any) -> Any:
+    """An integer address as a ``void*`` (for ``numba.carray``)."""
+    if not isinstance(addr, types.Integer):
+        return None
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.inttoptr(args[0], ir.IntType(8).as_pointer())
+
+    return types.voidptr(addr), codegen
+
+
+def _row_at(dtype: Any) -> Any:
+    @numba.njit(nogil=True, cache=True)
+    def row_at(addr: int, n: int, idx_addr: int, k: int, cancel: float, out: Any) -> None:  # pragma: no cover
+        _row(numba.carray(_voidptr(addr), n, dtype), numba.carray(_voidptr(idx_addr), k, np.int64), cancel, out)
+
+    return row_at
+
+
+_row_f32 = _row_at(np.float32)
+_row_f64 = _row_at(np.float64)
+_row_bf16 = _row_at(np.uint16)
+_row_f16 = _row_at(np.int16)
+#: ``stats_row_at``'s function per dtype name of the values at the address
+ROW_AT = {"float32": _row_f32, "float64": _row_f64, "bfloat16": _row_bf16, "float16": _row_f16}
+#: ``var <= CANCEL * mean^2``: the one-pass variance has lost most of its digits (~1e4 ulp of the work type)
+CANCEL = {"float32": 1e4 * 2.0**-23, "bfloat16": 1e4 * 2.0**-23, "float16": 1e4 * 2.0**-23, "float64": 1e4 * 2.0**-52}
+
+
+def stats_row(x: np.ndarray, idx: np.ndarray, dtype: str, length: int, threads: int = 1) -> np.ndarray:
+    """The statistics row (:data:`ROW_FIELDS`, then ``x[idx]`` zero-padded to ``length``) of a flat
+    kernel array whose values are of ``dtype`` (``float32``, ``float64``, ``bfloat16``, ``float16``)."""
+    out = np.empty(length, np.float64)
+    if threads > 1 and x.shape[0] >= PARALLEL_MIN:
+        _finish_row(x, idx, tensor_stats(x, threads), CANCEL[dtype], out)
     else:
-        rows = np.empty((len(parts), N_STATS), np.float64)
-        list(_pool().map(lambda p: _stats_kernel(x[p[1]:p[2]], rows[p[0]]), parts))
-        out[0], out[1] = rows[:, 0].min(), rows[:, 1].max()
-        out[2:N_STATS] = rows[:, 2:].sum(axis=0)  # fixed order: the parts' order
-    if idx.shape[0]:
-        _sample_kernel(x, idx, out)
+        _row(x, idx, CANCEL[dtype], out)
     return out
 
 
@@ -529,9 +600,11 @@ def warm_up(errors: bool = False) -> None:
     """Compile (or load from numba's cache) the statistics kernels for every encoding, and with
     ``errors`` the error kernel for same-typed pairs, outside a hot loop."""
     idx = np.zeros(1, np.int64)
-    acc = ErrorAccumulator(2.0**-126, 2.0**-126, 23, (1e-4, 1e-3, 5e-3))
-    for dt in (np.float32, np.float64, np.uint16, np.int16):
-        z = np.zeros(1, dt)
-        tensor_stats(z, idx)
-        if errors:
+    out = np.empty(_N_ROW + 1)
+    for fn in ROW_AT.values():
+        fn(idx.ctypes.data, 1, idx.ctypes.data, 1, 0.0, out)
+    if errors:
+        acc = ErrorAccumulator(2.0**-126, 2.0**-126, 23, (1e-4, 1e-3, 5e-3))
+        for dt in (np.float32, np.float64, np.uint16, np.int16):
+            z = np.zeros(1, dt)
             acc.add(z, z)

@@ -203,7 +203,7 @@ class Recorder:
         if version is not None and reuse:  # a written-to output's version is bumped after the op (or never)
             self.stored[id(t)] = (weakref.ref(t), version, rec_id)
         if where is not None:
-            self.by_storage[where] = (self.stats.epoch, rec_id, slot)
+            self.by_storage.put(where, (self.stats.epoch, rec_id, slot), data)
         if self.pending_bytes >= self.opts.buffer_bytes:
             self.flush()
         return rec_id

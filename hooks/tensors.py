@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
 
 from accuracy import fused
 
@@ -75,7 +74,7 @@ def unsupported_reason(t: torch.Tensor) -> str | None:
         return "nested tensors are not captured"
     if t.layout != torch.strided:
         return f"layout {t.layout} is not captured"
-    if t.device.type == "meta":
+    if t.is_meta:
         return "meta tensors have no values"
     if type(t) not in (torch.Tensor, torch.nn.Parameter) and not isinstance(t, torch.nn.parameter.Buffer):
         return f"tensor subclass {type(t).__name__} is not captured"
@@ -90,27 +89,48 @@ def storage_key(data: torch.Tensor) -> tuple[Any, ...] | None:
     """Where a contiguous non-empty tensor's bytes live: (storage identity, offset, numel, dtype).
 
     Two tensors with equal keys hold the same elements in the same order, whatever their shapes.
-    ``StorageWeakRef`` compares storages by identity and, while held, keeps a freed storage's
-    identity from being reused: a match is the very same memory, never a recycled address."""
-    if data.numel() == 0 or not data.is_contiguous() or data.device.type == "meta":
+    The identity is the address of the storage's ``StorageImpl``; a :class:`StorageMap` entry holds
+    a weak reference to it, which keeps a freed storage's address from being reused while the
+    entry lives: a match is the very same memory, never a recycled address. (Plain integers hash
+    and compare in C; ``StorageWeakRef`` keys cost ~1 us per op in Python ``__init__``/``__eq__``.)"""
+    if data.numel() == 0 or not data.is_contiguous() or data.is_meta:
         return None
-    return StorageWeakRef(data.untyped_storage()), data.storage_offset(), data.numel(), data.dtype
+    return data.untyped_storage()._cdata, data.storage_offset(), data.numel(), data.dtype
+
+
+class _Pin:
+    """A weak reference to a storage (what ``StorageWeakRef`` holds): while it lives, the storage's
+    ``StorageImpl`` memory, and so its address, is not reused."""
+
+    __slots__ = ("cdata",)
+
+    def __init__(self, storage: torch.UntypedStorage) -> None:
+        self.cdata = storage._weak_ref()
+
+    def expired(self) -> bool:
+        return bool(torch.UntypedStorage._expired(self.cdata))
+
+    def __del__(self) -> None:
+        torch.UntypedStorage._free_weak_ref(self.cdata)
 
 
 class StorageMap:
     """A dict keyed by :func:`storage_key`; entries of freed storages go once it has doubled."""
 
     def __init__(self) -> None:
-        self._d: dict[tuple[Any, ...], Any] = {}
+        self._d: dict[tuple[Any, ...], tuple[_Pin, Any]] = {}
         self._limit = 1024
 
     def get(self, key: tuple[Any, ...]) -> Any:
-        return self._d.get(key)
+        hit = self._d.get(key)
+        return hit[1] if hit is not None else None
 
-    def __setitem__(self, key: tuple[Any, ...], value: Any) -> None:
-        self._d[key] = value
+    def put(self, key: tuple[Any, ...], value: Any, data: torch.Tensor) -> None:
+        """``key`` must be ``storage_key(data)``: the entry pins ``data``'s storage identity."""
+        old = self._d.get(key)
+        self._d[key] = (old[0] if old is not None else _Pin(data.untyped_storage()), value)
         if len(self._d) > self._limit:
-            self._d = {k: v for k, v in self._d.items() if not k[0].expired()}
+            self._d = {k: v for k, v in self._d.items() if not v[0].expired()}
             self._limit = max(1024, 2 * len(self._d))
 
     def __len__(self) -> int:
@@ -134,7 +154,8 @@ class Payload:
 
 def stored_payload(t: torch.Tensor) -> Payload:
     """Encode ``t`` (already checked by :func:`unsupported_reason`) for the bundle."""
-    t = t.detach()
+    if t.requires_grad:
+        t = t.detach()
     if t.is_quantized:
         qparams: dict[str, Any] = {"qscheme": str(t.qscheme()).removeprefix("torch."), "dtype": tensor_dtype_name(t)}
         if t.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric):
@@ -191,11 +212,11 @@ class StatsBatch:
                 prior = self._seen.get(seen[0]) if seen is not None else None
                 if seen is not None and prior is not None and prior[0]() is not None and prior[1] == seen[2]:
                     return prior[2]
-        row = host_stats(values) if values.device.type == "cpu" else device_stats(values)
+        row = host_stats(values) if values.is_cpu else device_stats(values)
         self._rows.append(row)
         slot = len(self._rows) - 1
         if where is not None:
-            self._at[where] = (self.epoch, slot)
+            self._at.put(where, (self.epoch, slot), t)
         elif seen is not None:
             self._seen[seen[0]] = (weakref.ref(seen[1]), seen[2], slot)
         return slot
@@ -261,9 +282,9 @@ def _sample_index(n: int, device: torch.device) -> torch.Tensor:
 def host_stats(values: torch.Tensor) -> list[float]:
     """Statistics of a CPU tensor as a host list, in one pass over its memory.
 
-    :func:`accuracy.fused.tensor_stats` (numba; the same kernels as the metric suite) reads
-    float32/float64 values and BF16/F16 words where they lie, without a copy, also a dense
-    permuted tensor (storage order); min, max, sum, sum of squares, the zero count and the
+    :mod:`accuracy.fused`'s statistics kernel (numba; the same module as the metric suite) reads
+    float32/float64 values and BF16/F16 words where they lie, by address, without a copy (also a
+    dense permuted tensor, in storage order); min, max, sum, sum of squares, the zero count and the
     non-finite counts come from that one pass (a block holding NaN/Inf is redone masked: the
     statistics are then over the finite values, as in :func:`device_stats`). Integer tensors are
     converted to float64 first, other non-contiguous ones copied. ``absmax`` is ``max(-min, max)``;
@@ -273,54 +294,35 @@ def host_stats(values: torch.Tensor) -> list[float]:
     if values.dtype == torch.bool:
         return _bool_stats(values)
     x = values
-    if x.dtype not in _KERNEL_WORDS:
-        x = x.reshape(-1).to(torch.float64)
+    name = _KERNEL_DTYPES.get(x.dtype)
+    if name is None:
+        x, name = x.reshape(-1).to(torch.float64), "float64"
     n = x.numel()
     if n == 0:
         return [0.0, math.inf, -math.inf, 0.0, 0.0, 0.0, -math.inf, 0.0, 0.0, 0.0, *([0.0] * SAMPLE_SIZE)]
-    idx = _sample_index_np(n)
-    where = None
+    idx = _sample_index(n, x.device)
     if not x.is_contiguous():
         where = _dense_offsets(x)
         if where is None:
             x = x.contiguous()
-        else:  # a permuted dense tensor: its memory in storage order, in one pass
-            x = x.as_strided((n,), (1,))
-    words = _KERNEL_WORDS[x.dtype]
-    flat = x.reshape(-1)
-    arr = (flat if words is None else flat.view(words)).numpy()
-    if x.dtype == torch.bfloat16:
-        arr = arr.view(np.uint16)
-    threads = torch.get_num_threads() if n >= fused.PARALLEL_MIN else 1
-    row = fused.tensor_stats(arr, idx if where is None else where, threads).tolist()
-    lo_f, hi_f, s_f, ss_f, nan, inf, zeros, count = row[: fused.N_STATS]
-    sample = row[fused.N_STATS:]
-    c = max(count, 1)
-    mean = s_f / c
-    var = max(ss_f / c - mean * mean, 0.0)
-    if var <= _CANCEL.get(x.dtype, _CANCEL[torch.float32]) * mean * mean and count:  # cancellation: measure the spread directly
-        xf = x.reshape(-1) if x.dtype in (torch.float32, torch.float64) else x.reshape(-1).float()
-        d = xf - mean if count == n else torch.where(torch.isfinite(xf), xf - mean, 0.0)
-        var = float(d.square().sum(dtype=torch.float64)) / c
-    return [float(n), lo_f, hi_f, mean, math.sqrt(var), math.sqrt(ss_f), max(-lo_f, hi_f), nan, inf, float(zeros),
-            *sample, *([0.0] * (SAMPLE_SIZE - len(sample)))]
+        else:  # a permuted dense tensor: its memory in storage order (from the data pointer), in one pass
+            idx = where
+    out = np.empty(_ROW_LEN)
+    if n < fused.PARALLEL_MIN or torch.get_num_threads() == 1:  # the values where they lie, by address
+        fused.ROW_AT[name](x.data_ptr(), n, idx.data_ptr(), idx.numel(), fused.CANCEL[name], out)
+    else:
+        flat = x.detach().as_strided((n,), (1,))
+        arr = (flat.view(torch.int16) if name in ("bfloat16", "float16") else flat).numpy()
+        if name == "bfloat16":
+            arr = arr.view(np.uint16)
+        out = fused.stats_row(arr, idx.numpy(), name, _ROW_LEN, torch.get_num_threads())
+    return out.tolist()
 
 
-#: dtypes the statistics kernel reads in place, and the integer view it reads their words through
-_KERNEL_WORDS: dict[torch.dtype, torch.dtype | None] = {
-    torch.float32: None, torch.float64: None, torch.bfloat16: torch.int16, torch.float16: torch.int16,
-}
-_SAMPLE_NP: dict[int, np.ndarray] = {}
-
-
-def _sample_index_np(n: int) -> np.ndarray:
-    """:func:`_sample_index` on the CPU as a numpy array (cached)."""
-    idx = _SAMPLE_NP.get(n)
-    if idx is None:
-        if len(_SAMPLE_NP) > 4096:
-            _SAMPLE_NP.clear()
-        idx = _SAMPLE_NP[n] = _sample_index(n, torch.device("cpu")).numpy()
-    return idx
+#: dtypes the statistics kernel reads in place
+_KERNEL_DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16",
+                  torch.float16: "float16"}
+_ROW_LEN = len(STAT_FIELDS) + SAMPLE_SIZE
 
 
 def _bool_stats(values: torch.Tensor) -> list[float]:
@@ -333,10 +335,10 @@ def _bool_stats(values: torch.Tensor) -> list[float]:
             math.sqrt(nz), 1.0 if nz else 0.0, 0.0, 0.0, float(n - nz), *sample, *([0.0] * (SAMPLE_SIZE - len(sample)))]
 
 
-_DENSE: dict[tuple[tuple[int, ...], tuple[int, ...]], np.ndarray | None] = {}
+_DENSE: dict[tuple[tuple[int, ...], tuple[int, ...]], torch.Tensor | None] = {}
 
 
-def _dense_offsets(x: torch.Tensor) -> np.ndarray | None:
+def _dense_offsets(x: torch.Tensor) -> torch.Tensor | None:
     """For a non-contiguous tensor whose elements fill ``numel`` consecutive slots from its data
     pointer (a permutation of a contiguous one, e.g. ``transpose(1, 2)`` then an elementwise op):
     the storage offsets of the sample elements. None when it has gaps or overlaps (cached per layout)."""
@@ -359,15 +361,13 @@ def _dense_offsets(x: torch.Tensor) -> np.ndarray | None:
                 flat, i = divmod(flat, sz)
                 off += i * st
             offsets.append(off)
-        where = np.array(offsets, np.int64)
+        where = torch.tensor(offsets, dtype=torch.int64)
     if len(_DENSE) > 4096:
         _DENSE.clear()
     _DENSE[key] = where
     return where
 
 
-#: ``var <= k * mean^2`` means the one-pass variance has lost most of its digits (k ~ 1e4 ulp).
-_CANCEL = {torch.float32: 1e4 * 2.0**-23, torch.float64: 1e4 * 2.0**-52}
 
 
 def device_stats(values: torch.Tensor) -> torch.Tensor:
