@@ -23,7 +23,7 @@ result depends on the thread count only through the rounding of its sums.
 
 from __future__ import annotations
 
-import math
+import functools
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -565,8 +565,9 @@ def kernel_array(x: np.ndarray, dtype: str | None = None) -> np.ndarray | None:
     return None
 
 
+@functools.cache
 def default_threads() -> int:
-    """Threads for large arrays: the CPUs this process may run on, at most 8."""
+    """Threads for large arrays: the CPUs this process may run on (at start), at most 8."""
     try:
         return max(1, min(len(os.sched_getaffinity(0)), 8))
     except AttributeError:  # not on Linux

@@ -249,8 +249,34 @@ def _finish(acc: fused.ErrorAccumulator) -> Metrics:
     m.nan_where_ref_finite = int(g("nan_where_ref_finite"))
     m.exact_share = (g("exact") + int(hist[0])) / n
     m.histogram = hist.tolist()
-    m.quantiles = {_qname(q): histogram_quantile(hist, q) for q in QUANTILES}
+    m.quantiles = dict(zip(_QNAMES, _quantiles(hist, m.histogram), strict=True))
     return m
+
+
+_QNAMES = tuple(_qname(q) for q in QUANTILES)
+
+
+def _quantiles(hist: np.ndarray, counts: list[int]) -> list[float]:
+    """:func:`histogram_quantile` for every q in QUANTILES from one cumulative sum."""
+    cum = np.cumsum(hist)
+    total = int(cum[-1])
+    if total == 0:
+        return [0.0] * len(QUANTILES)
+    out = []
+    for q, idx in zip(QUANTILES, np.searchsorted(cum, [q * total for q in QUANTILES], side="left").tolist(),
+                      strict=True):
+        out.append(_interpolate(idx, q * total, int(cum[idx - 1]) if idx else 0, counts))
+    return out
+
+
+def _interpolate(idx: int, rank: float, before: int, counts: list[int]) -> float:
+    if idx == 0:
+        return 0.0
+    lo, hi = slot_bounds(idx)
+    if idx == 1 or idx == len(counts) - 1:
+        return lo if idx == len(counts) - 1 else hi
+    frac = (rank - before) / max(counts[idx], 1)
+    return float(lo * (hi / lo) ** min(max(frac, 0.0), 1.0))
 
 
 def _cosine(rr: float, dd: float, dr: float) -> float:
@@ -273,14 +299,7 @@ def histogram_quantile(hist: np.ndarray | list[int], q: float) -> float:
     cum = np.cumsum(counts)
     rank = q * total
     idx = int(np.searchsorted(cum, rank, side="left"))
-    if idx == 0:
-        return 0.0
-    lo, hi = slot_bounds(idx)
-    if idx == 1 or idx == len(counts) - 1:
-        return lo if idx == len(counts) - 1 else hi
-    before = int(cum[idx - 1])
-    frac = (rank - before) / max(int(counts[idx]), 1)
-    return float(lo * (hi / lo) ** min(max(frac, 0.0), 1.0))
+    return _interpolate(idx, rank, int(cum[idx - 1]) if idx else 0, counts.tolist())
 
 
 def slot_bounds(idx: int) -> tuple[float, float]:
