@@ -360,7 +360,9 @@ def _update_regressions(s: Any, job: Comparison, report: accuracy.ComparisonRepo
         if reg is not None and reg.last_comparison_id in last_seen_at \
                 and _aware(last_seen_at[reg.last_comparison_id]) > job_at:
             continue
-        local = not o.inherited and (o.kind != "module" or not has_ops)  # a module only contains its ops' error
+        # a module only contains its ops' error, unless it is the first divergence: its own ops ran another
+        # implementation or were not captured, and its boundary is where the error shows
+        local = not o.inherited and (o.kind != "module" or not has_ops or o is report.first_divergence)
         if o.verdict == "fail" and local:
             match = next((d for d in deviations if fnmatch.fnmatchcase(o.id, d.key_pattern)
                           and d.shape_signature in (None, o.shape_signature)), None)
