@@ -19,6 +19,38 @@ def _utc(v: datetime) -> datetime:
 Timestamp = Annotated[datetime, AfterValidator(_utc)]
 
 
+class RequestBody(BaseModel):
+    """Every JSON request body: unknown fields refused, and no NUL character in any string (no database
+    column can hold one), checked here once for all routes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _no_nul(cls, v: Any) -> Any:
+        if isinstance(v, str) and "\x00" in v:
+            raise ValueError("contains a NUL character (\\u0000): remove it")
+        return v
+
+
+class ErrorPublic(BaseModel):
+    """Every error answer: what went wrong and what to do next."""
+
+    detail: str
+
+
+class FieldError(BaseModel):
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class ValidationErrorPublic(ErrorPublic):
+    """422: ``detail`` joins the problems into one sentence; ``errors`` lists them (never the input)."""
+
+    errors: list[FieldError] = Field(default_factory=list)
+
+
 class Page(BaseModel, Generic[T]):
     data: list[T]
     count: int
@@ -39,6 +71,8 @@ class BundlePublic(BaseModel):
     label: str | None
     variant: str
     device: str
+    target: str = Field(description="target name its series are kept under: the run's --target, else variant@device")
+    tags: dict[str, Any] = Field(default_factory=dict, description="free-form tags: branch, commit, cann, driver ...")
     level: str | None
     mode: str | None
     git_commit: str | None
@@ -52,11 +86,24 @@ class BundleDetail(BundlePublic):
     environment: dict[str, Any]
 
 
-class ComparisonCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    reference: str = Field(description="bundle id of the reference run")
-    target: str = Field(description="bundle id of the target run")
+class ComparisonCreate(RequestBody):
+    reference: str = Field(min_length=1, max_length=64, description="bundle id of the reference run")
+    target: str = Field(min_length=1, max_length=64, description="bundle id of the target run")
     mode: Literal["propagated", "replay", "golden"] = "propagated"
+
+
+class RunSummary(BaseModel):
+    """One side of a comparison as a person names it."""
+
+    model_config = ConfigDict(from_attributes=True)
+    id: str
+    label: str | None
+    target: str = Field(description="target name: the run's --target, else variant@device")
+    variant: str
+    device: str
+    tags: dict[str, Any] = Field(default_factory=dict)
+    git_commit: str | None = None
+    git_branch: str | None = None
 
 
 class ComparisonPublic(BaseModel):
@@ -77,6 +124,8 @@ class ComparisonPublic(BaseModel):
     finished_at: Timestamp | None
     target_variant: str | None = None
     target_device: str | None = None
+    reference_run: RunSummary | None = None
+    target_run: RunSummary | None = Field(default=None, description="its target name keys the series and regressions")
 
 
 #: Stored in place of an infinite severity, so that SQL sorts such failures first (not as NULL, last).
@@ -124,10 +173,22 @@ class RegressionPublic(BaseModel):
     first_comparison_id: str
     last_comparison_id: str
     dtype: str
-    target: str = Field(description="variant@device of the target side, e.g. bf16@cpu")
+    target: str = Field(description="target name of the series: the target run's --target (e.g. ascend-910b/bf16), "
+                                    "else its variant@device (e.g. bf16@cpu)")
     accepted_by: int | None = None  # the accepted deviation behind status "accepted", if any
     created_at: Timestamp
     updated_at: Timestamp
+
+
+class TargetPublic(BaseModel):
+    """A target name of a project: how many runs it has and its latest finished comparison."""
+
+    target: str
+    bundles: int
+    last_upload: Timestamp
+    latest_comparison_id: str | None = None
+    latest_verdict: str | None = None
+    latest_label: str | None = None
 
 
 class DriftPoint(BaseModel):
@@ -152,13 +213,11 @@ class DriftSeries(BaseModel):
     points: list[DriftPoint]
 
 
-class ProjectUpdate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ProjectUpdate(RequestBody):
     public: bool = Field(description="public projects can be read without a token")
 
 
-class BaselineCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class BaselineCreate(RequestBody):
     name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*$",
                       description="e.g. the branch name: main, release/2.4, feature/int8-kv (segments joined by "
                                   "'/', each starting with a letter or digit)")
@@ -172,9 +231,8 @@ class BaselineCreate(BaseModel):
         return v
 
 
-class BaselinePromote(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    comparison: str = Field(max_length=64, description="id of a finished comparison to accept into the baseline")
+class BaselinePromote(RequestBody):
+    comparison: str = Field(min_length=1, max_length=64, description="id of a finished comparison to accept into the baseline")
     force: bool = Field(default=False, description="also accept a comparison whose verdict is fail")
 
 
@@ -184,8 +242,7 @@ class BaselinePublic(BaseModel):
     comparisons: list[str]
 
 
-class DeviationCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class DeviationCreate(RequestBody):
     key_pattern: str = Field(min_length=1, max_length=1000, description="op key glob, e.g. model.layers.*/aten.mm#0")
     shape_signature: str | None = Field(default=None, max_length=1000, description="only these input shapes")
     reason: str = Field(min_length=1, max_length=4000, description="why this deviation is acceptable")
@@ -205,9 +262,10 @@ class DeviationPublic(BaseModel):
     accepted_regressions: int = 0
 
 
-class RegressionUpdate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class RegressionUpdate(RequestBody):
     status: Literal["active", "acknowledged", "accepted", "resolved"]
+    author: str | None = Field(default=None, max_length=200, description="who decided (kept in the regression's audit)")
+    note: str | None = Field(default=None, max_length=4000, description="why (kept in the audit)")
 
 
 class EnvironmentChange(BaseModel):

@@ -1,0 +1,413 @@
+"""Comparison jobs: claim with a lease, run accuracy.compare, persist per-op results and regressions.
+
+A job is a ``comparisons`` row. Workers claim pending rows (PostgreSQL: ``FOR UPDATE SKIP
+LOCKED``) and hold a lease they renew while working; a worker that dies stops renewing, its lease
+expires and the next worker retries the job, up to ``max_job_attempts``. Errors in the data
+(a bundle that cannot be compared) fail the job at once with the error text.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import math
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import and_, delete, insert, or_, select, update
+from sqlalchemy.orm import lazyload
+
+import accuracy
+from accuracy.errors import OpbandError
+from accuracy.report import op_to_dict
+from api.store.db import Database
+from api.store.models import (
+    AcceptedDeviation, Baseline, BaselineMember, Comparison, OpResultRow, Project, Regression, Series, utcnow,
+)
+from api.observability import JOB_SECONDS, JOBS_FINISHED
+from api.schemas import SEVERITY_INF
+from api.settings import Settings
+from api.store.blobs import BlobStore
+
+log = logging.getLogger("opband.jobs")
+_CLAIM_LOCK = threading.Lock()  # SQLite has no SKIP LOCKED: serialise claims within the process
+_PERSIST_LOCK = threading.Lock()  # SQLite: one writer of results at a time within the process
+
+
+def worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+
+
+def claim_next(db: Database, settings: Settings, name: str) -> str | None:
+    """Claim the oldest runnable job (pending, or running with an expired lease); return its id.
+
+    PostgreSQL locks the candidate with ``FOR UPDATE SKIP LOCKED`` so concurrent workers pick
+    different rows; the claim itself is a conditional UPDATE (same status and attempt count as
+    read), so two processes on SQLite cannot both win one row either.
+    """
+    with _CLAIM_LOCK, db.session() as s:
+        now = utcnow()
+        q = (
+            select(Comparison)
+            .where(or_(Comparison.status == "pending",
+                       and_(Comparison.status == "running", Comparison.lease_until < now)))
+            .order_by(Comparison.created_at)
+            .limit(1)
+            .options(lazyload("*"))  # no outer joins: PostgreSQL refuses FOR UPDATE on them
+        )
+        if db.engine.dialect.name == "postgresql":
+            q = q.with_for_update(skip_locked=True)
+        job = s.scalar(q)
+        if job is None:
+            return None
+        was_running, previous_worker = job.status == "running", job.worker  # read before the UPDATE syncs `job`
+        same = (Comparison.id == job.id, Comparison.status == job.status, Comparison.attempts == job.attempts)
+        if job.attempts >= settings.max_job_attempts:
+            s.execute(update(Comparison).where(*same).values(
+                status="failed", finished_at=now, lease_until=None,
+                error=(f"gave up after {job.attempts} attempts: the worker running it stopped "
+                       "(crashed, killed or out of memory) each time; see the worker logs")))
+            log.warning("job given up", extra={"job_id": job.id, "attempts": job.attempts})
+            return None
+        claimed = s.execute(update(Comparison).where(*same).values(
+            status="running", worker=name, started_at=now, attempts=job.attempts + 1,
+            lease_until=now + timedelta(seconds=settings.job_lease_seconds)))
+        if claimed.rowcount != 1:  # type: ignore[attr-defined]
+            return None
+        if was_running:
+            log.warning("retrying a job whose lease expired",
+                        extra={"job_id": job.id, "previous_worker": previous_worker, "worker": name})
+        return job.id
+
+
+def renew_lease(db: Database, settings: Settings, job_id: str, name: str) -> bool:
+    """Extend this worker's lease on a job; False when the job is no longer ours."""
+    with db.session() as s:
+        job = s.get(Comparison, job_id)
+        if job is None or job.status != "running" or job.worker != name:
+            return False
+        job.lease_until = utcnow() + timedelta(seconds=settings.job_lease_seconds)
+        return True
+
+
+class Heartbeat:
+    """Renews a job's lease every third of the lease time while the job runs, from its own thread."""
+
+    def __init__(self, db: Database, settings: Settings, job_id: str, name: str) -> None:
+        self.db, self.settings, self.job_id, self.name = db, settings, job_id, name
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"lease-{job_id[:8]}", daemon=True)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.settings.job_lease_seconds / 3):
+            try:
+                if not renew_lease(self.db, self.settings, self.job_id, self.name):
+                    return
+            except Exception:  # noqa: BLE001 - retried at the next beat; the lease has slack
+                log.warning("renewing the lease failed", extra={"job_id": self.job_id}, exc_info=True)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def run_job(db: Database, store: BlobStore, settings: Settings, job_id: str, name: str) -> str:
+    """Run one claimed comparison to done or failed; returns the final status. Never raises.
+
+    If even recording the outcome fails (the database went away), the job keeps its lease, which
+    expires, and the next claim retries it; the worker itself carries on.
+    """
+    started = time.monotonic()
+    try:
+        status = _run_job(db, store, settings, job_id, name)
+    except Exception:  # noqa: BLE001 - a worker must outlive any one job
+        log.exception("job could not be run or recorded; it is retried when its lease expires",
+                      extra={"job_id": job_id, "worker": name})
+        status = "interrupted"
+    seconds = time.monotonic() - started
+    JOB_SECONDS.labels(status).observe(seconds)
+    JOBS_FINISHED.labels(status).inc()
+    log.info("job finished", extra={"job_id": job_id, "worker": name, "status": status,
+                                    "duration_ms": round(seconds * 1000, 1)})
+    return status
+
+
+def accepted_history(s: Any, project_id: int, target: str, exclude: str) -> dict[str, Any] | None:
+    """Per-op results of this project's baseline comparisons for ``target`` (``opband.history/1``).
+
+    Bands are learned only from comparisons someone promoted into a baseline; with none, the
+    comparison is judged against the default budgets alone.
+    """
+    accepted = (select(BaselineMember.comparison_id).join(Baseline, Baseline.id == BaselineMember.baseline_id)
+                .where(Baseline.project_id == project_id).distinct())
+    rows = s.execute(
+        select(OpResultRow.key, OpResultRow.output, OpResultRow.op, OpResultRow.shape_signature, OpResultRow.dtype,
+               OpResultRow.metrics, OpResultRow.comparison_id)
+        .join(Series, Series.id == OpResultRow.series_id)
+        .where(OpResultRow.comparison_id.in_(accepted), OpResultRow.comparison_id != exclude,
+               Series.target == target)
+    ).all()
+    rows = [r for r in rows if isinstance(r.metrics, dict)]  # JSON null (unmatched ops) carries no metrics
+    if not rows:
+        return None
+    results = [{"key": r.key.rsplit(":", 1)[0] if r.output else r.key, "output": r.output, "op": r.op,
+                "shape_signature": r.shape_signature,
+                "dtype": r.dtype, "target": target, "run": r.comparison_id, "metrics": r.metrics} for r in rows]
+    return {"schema": "opband.history/1", "results": results}
+
+
+def _run_job(db: Database, store: BlobStore, settings: Settings, job_id: str, name: str) -> str:
+    with db.session() as s:
+        job = s.get(Comparison, job_id)
+        assert job is not None
+        ref_key, tgt_key, mode, attempt = job.reference.storage_key, job.target.storage_key, job.mode, job.attempts
+        target = job.target.target  # the target name: series, bands and regressions are kept per target
+        history = accepted_history(s, job.project_id, target, job_id)
+    log.info("job started", extra={"job_id": job_id, "worker": name, "attempt": attempt, "mode": mode})
+    try:
+        with Heartbeat(db, settings, job_id, name), store.local_path(ref_key) as ref_path, \
+                store.local_path(tgt_key) as tgt_path:
+            report = accuracy.compare(ref_path, tgt_path, mode=mode, history=history, target_id=target)
+            return persist_report(db, job_id, report, name)
+    except OpbandError as e:
+        return _fail(db, job_id, f"{type(e).__name__}: {e}", name)
+    except Exception as e:  # noqa: BLE001 - recorded on the job; the worker carries on
+        log.exception("comparison failed", extra={"job_id": job_id})
+        return _fail(db, job_id, f"internal error ({type(e).__name__}: {e}); please report it with this comparison id",
+                     name)
+
+
+def _owned(s: Any, db: Database, job_id: str, name: str) -> Comparison | None:
+    """The job row, locked, if this worker still holds it (a worker whose lease ran out must not write)."""
+    q = select(Comparison).where(Comparison.id == job_id).options(lazyload("*"))
+    if db.engine.dialect.name == "postgresql":
+        q = q.with_for_update()
+    job = s.scalar(q)
+    if job is None or job.status != "running" or job.worker != name:
+        log.warning("lost the lease: another worker took the job over, dropping this result",
+                    extra={"job_id": job_id, "worker": name})
+        return None
+    return job
+
+
+def _fail(db: Database, job_id: str, error: str, name: str) -> str:
+    with db.session() as s:
+        job = _owned(s, db, job_id, name)
+        if job is None:
+            return "lost"
+        job.status, job.error, job.finished_at, job.lease_until = "failed", error[:4000], utcnow(), None
+    return "failed"
+
+
+def _finite(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
+
+
+def _severity(x: float) -> float | None:
+    """A severity for the database: +inf (a NaN/Inf outcome, a shape mismatch) becomes
+    ``SEVERITY_INF``, so "worst first" puts those failures first; NaN is unknown (NULL)."""
+    if math.isnan(x):
+        return None
+    return SEVERITY_INF if x >= SEVERITY_INF else max(x, -SEVERITY_INF)
+
+
+def persist_report(db: Database, job_id: str, report: accuracy.ComparisonReport, name: str) -> str:
+    """Write the per-op results, drift series and regressions of a finished comparison.
+
+    Writes of one project are serialised (PostgreSQL: a row lock on the project; SQLite: a process
+    lock) so that two workers never both create the same drift series or regression.
+    """
+    with _PERSIST_LOCK if db.engine.dialect.name == "sqlite" else nullcontext(), db.session() as s:
+        job = _owned(s, db, job_id, name)
+        if job is None:
+            return "lost"
+        if db.engine.dialect.name == "postgresql":
+            s.execute(select(Project.id).where(Project.id == job.project_id).with_for_update())
+        target = job.target.target
+        s.execute(delete(OpResultRow).where(OpResultRow.comparison_id == job_id))
+        series = _series_for(s, job.project_id, target, report.ops)
+        now = utcnow()
+        for start in range(0, len(report.ops), RESULT_BATCH):  # Core inserts in batches: no ORM object per op
+            s.execute(insert(OpResultRow), [_result_row(job_id, series[(o.id, o.shape_signature, o.dtype)].id, o, now)
+                                            for o in report.ops[start:start + RESULT_BATCH]])
+        _update_regressions(s, job, report, series)
+        job.status, job.verdict, job.counts = "done", report.verdict, report.counts
+        job.first_divergence = op_to_dict(report.first_divergence) if report.first_divergence else None
+        if job.first_divergence and job.first_divergence.get("metrics"):
+            job.first_divergence["metrics"].pop("histogram", None)
+        job.unmatched, job.finished_at, job.lease_until, job.error = len(report.unmatched), now, None, None
+    return "done"
+
+
+#: op_results rows per INSERT
+RESULT_BATCH = 2000
+
+
+def _result_row(job_id: str, series_id: int, o: accuracy.OpResult, now: Any) -> dict[str, Any]:
+    m = o.metrics
+    return dict(
+        comparison_id=job_id, series_id=series_id, key=o.id, output=o.output, op=o.op, module=o.module, kind=o.kind,
+        index=o.index, shape_signature=o.shape_signature[:1000], dtype=o.dtype, verdict=o.verdict, reason=o.reason,
+        inherited=o.inherited, severity=_severity(o.severity),
+        norm_l2=_finite(m.norm_l2) if m is not None else None,
+        max_abs=_finite(m.max_abs) if m is not None else None,
+        max_rel=_finite(m.max_rel) if m is not None else None,
+        cosine=_finite(m.cosine) if m is not None else None,
+        snr_db=_finite(m.snr_db) if m is not None else None,
+        metrics=m.as_dict() if m is not None else None,
+        budget=op_to_dict(o)["budget"], created_at=now,
+    )
+
+
+def _series_for(s: Any, project_id: int, target: str, ops: list[accuracy.OpResult]) -> dict[tuple[str, str, str], Series]:
+    """The drift series of each op (created on first sight), keyed by (op id, shape signature, dtype)."""
+    existing = {
+        (x.key, x.shape_signature, x.dtype): x
+        for x in s.scalars(select(Series).where(Series.project_id == project_id, Series.target == target))
+    }
+    out: dict[tuple[str, str, str], Series] = {}
+    for o in ops:
+        ident = (o.id, o.shape_signature[:1000], o.dtype)
+        if ident not in existing:
+            existing[ident] = Series(project_id=project_id, key=o.id, op=o.op, shape_signature=ident[1],
+                                     dtype=o.dtype, target=target)
+            s.add(existing[ident])
+        out[(o.id, o.shape_signature, o.dtype)] = existing[ident]
+        sev = _severity(o.severity)
+        ser = existing[ident]
+        if sev is not None and (ser.worst_severity is None or sev > ser.worst_severity):
+            ser.worst_severity = sev
+    s.flush()
+    return out
+
+
+def _update_regressions(s: Any, job: Comparison, report: accuracy.ComparisonReport,
+                        series: dict[tuple[str, str, str], Series]) -> None:
+    """Local failures open (or keep) a regression per series (op key, shapes, dtype, target name); a
+    later pass of the same series closes it. A failure that a live
+    accepted deviation matches is "accepted" (crediting that deviation); one whose deviation has
+    expired or was deleted is open ("active") again. A status a person set is kept."""
+    now = utcnow()
+    deviations = [
+        d for d in s.scalars(select(AcceptedDeviation).where(AcceptedDeviation.project_id == job.project_id))
+        if d.expires_at is None or _aware(d.expires_at) > now
+    ]
+    by_series = {r.series_id: r for r in s.scalars(select(Regression).where(Regression.project_id == job.project_id))}
+    # a comparison older than the one a regression last saw (a late job) changes nothing of it:
+    # only a later passing run of the same series resolves it
+    seen = {r.last_comparison_id for r in by_series.values()}
+    last_seen_at = dict(s.execute(select(Comparison.id, Comparison.created_at).where(Comparison.id.in_(seen))).all())
+    job_at = _aware(job.created_at)
+    has_ops = any(o.kind != "module" for o in report.ops)
+    for o in report.ops:
+        ser = series[(o.id, o.shape_signature, o.dtype)]
+        reg = by_series.get(ser.id)
+        if reg is not None and reg.last_comparison_id in last_seen_at \
+                and _aware(last_seen_at[reg.last_comparison_id]) > job_at:
+            continue
+        # a module only contains its ops' error, unless it is the first divergence: its own ops ran another
+        # implementation or were not captured, and its boundary is where the error shows
+        local = not o.inherited and (o.kind != "module" or not has_ops or o is report.first_divergence)
+        if o.verdict == "fail" and local:
+            match = next((d for d in deviations if fnmatch.fnmatchcase(o.id, d.key_pattern)
+                          and d.shape_signature in (None, o.shape_signature)), None)
+            if reg is None:
+                reg = Regression(project_id=job.project_id, series_id=ser.id, key=o.id, op=o.op,
+                                 shape_signature=o.shape_signature[:1000], first_comparison_id=job.id,
+                                 last_comparison_id=job.id, reason=o.reason, created_at=now, updated_at=now,
+                                 status="accepted" if match else "active", accepted_by=match.id if match else None)
+                s.add(reg)
+                by_series[ser.id] = reg
+            else:
+                reopened = reg.status == "resolved"
+                if reopened:
+                    reg.status, reg.first_comparison_id = "active", job.id
+                # a deviation accepts a regression it opens again or already accepted; an "active" one
+                # is left as is (a person may have set it so; new deviations accept open ones on creation)
+                if match is not None and (reopened or reg.accepted_by is not None):
+                    reg.status, reg.accepted_by = "accepted", match.id
+                elif reg.status == "accepted" and reg.accepted_by is not None:  # its deviation expired: open again
+                    reg.status, reg.accepted_by = "active", None
+                reg.last_comparison_id, reg.reason, reg.updated_at = job.id, o.reason, now
+        elif o.verdict == "pass" and reg is not None and reg.status in ("active", "acknowledged"):
+            reg.status, reg.last_comparison_id, reg.updated_at = "resolved", job.id, now
+
+
+def _aware(dt: Any) -> Any:
+    from datetime import UTC
+
+    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
+
+
+class WorkerPool:
+    """In-process comparison workers (the embedded default): threads that claim and run jobs."""
+
+    def __init__(self, db: Database, store: BlobStore, settings: Settings, poll_seconds: float = 0.5) -> None:
+        self.db, self.store, self.settings = db, store, settings
+        self.poll_seconds = poll_seconds
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        for i in range(self.settings.workers):
+            t = threading.Thread(target=self._loop, name=f"opband-worker-{i}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def alive(self) -> int:
+        """How many worker threads are running."""
+        return sum(t.is_alive() for t in self._threads)
+
+    def notify(self) -> None:
+        """A job was queued: wake an idle worker now rather than at its next poll."""
+        self._wake.set()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        for t in self._threads:
+            t.join(timeout)
+        self._threads.clear()
+
+    def _loop(self) -> None:
+        name = worker_name()
+        while not self._stop.is_set():
+            try:
+                job_id = claim_next(self.db, self.settings, name)
+            except Exception:  # noqa: BLE001 - database hiccup: log, back off, retry
+                log.exception("claiming a job failed")
+                job_id = None
+            if job_id is None:
+                self._wake.wait(self.poll_seconds)
+                self._wake.clear()
+                continue
+            run_job(self.db, self.store, self.settings, job_id, name)
+
+
+def run_worker_forever(db: Database, store: BlobStore, settings: Settings,
+                       should_stop: Callable[[], bool] = lambda: False, poll_seconds: float = 1.0) -> None:
+    """``opband worker``: one process claiming jobs from the shared database until stopped."""
+    name = worker_name()
+    log.info("worker started", extra={"worker": name})
+    while not should_stop():
+        try:
+            job_id = claim_next(db, settings, name)
+        except Exception:  # noqa: BLE001 - database restarting: back off and retry
+            log.exception("claiming a job failed", extra={"worker": name})
+            time.sleep(poll_seconds)
+            continue
+        if job_id is None:
+            time.sleep(poll_seconds)
+            continue
+        run_job(db, store, settings, job_id, name)
