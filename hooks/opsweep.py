@@ -25,7 +25,7 @@ from accuracy.manifest import shape_signature
 from accuracy.sweep_report import SweepReport, rows_from_comparison
 from hooks.capture import CaptureOptions
 from hooks.environment import environment
-from hooks.fp8 import FP8_DTYPES, quantize_dequantize
+from hooks.fp8 import FP8_DTYPES, quantize
 from hooks.opcases import (
     BY_ATEN, BUILTIN, REGIMES, CaseError, OpCase, call_case, exact_values, make_inputs, parse_shapes, resolve_case,
 )
@@ -256,8 +256,9 @@ def _to_target(t: torch.Tensor, variant: str, device: str) -> torch.Tensor:
         amax = torch.where(finite, t.abs(), 0).amax() if t.numel() else torch.tensor(0.0)
         scale = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
         return (t / scale).round().clamp(-127, 127) * scale
-    if variant in FP8_DTYPES:
-        return quantize_dequantize(t, FP8_DTYPES[variant])
+    if variant in FP8_DTYPES:  # per-tensor scale, as hooks.fp8 quantizes activations
+        q, scale = quantize(t, FP8_DTYPES[variant], rowwise=False)
+        return q.float() * scale
     return t
 
 

@@ -39,8 +39,6 @@ def test_injected_fault_is_found_with_its_shape_and_regime(tmp_path: Path, monke
     monkeypatch.setattr(F, "silu", _ftz_silu(F.silu))
     faulty = run_sweep(cfg, tmp_path / "faulty", progress=False).report
     before = {(r.op, r.dtype, r.shape, r.regime) for r in honest.rows if r.verdict != "pass"}
-    assert before == {("mm", "fp16", "64x256,256x128", "large"), ("mm", "fp16", "64x256,256x128", "near_zero")}, \
-        "fp16 overflows 1e4-sized products and flushes 1e-8 ones: the dtype's range, found without a fault"
     failed = {(r.op, r.dtype, r.shape, r.regime) for r in faulty.rows if r.verdict != "pass"}
     assert failed - before == {("silu", "bf16", "4x64x96", "near_zero")}, faulty.to_text()
     line = next(line for line in faulty.failure_lines() if line.startswith("FAILED | silu"))
@@ -163,30 +161,21 @@ def test_from_bundle_sweeps_the_models_ops_at_recorded_shapes(tmp_path: Path) ->
 
 
 def test_cli_sweep(tmp_path: Path) -> None:
-    r = subprocess.run([OPBAND, "sweep", "--op", "softmax", "--op", "sum", "--dtype", "fp16", "--regime", "normal",
-                        "--regime", "large", "-o", str(tmp_path / "s"), "--json", str(tmp_path / "s.json")],
+    r = subprocess.run([OPBAND, "sweep", "--op", "rsqrt", "--op", "sum", "--dtype", "bf16", "--regime", "normal",
+                        "--regime", "subnormal", "-o", str(tmp_path / "s"), "--json", str(tmp_path / "s.json")],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    assert "opband sweep: fp16 vs fp32 reference" in r.stdout
-    assert "FAILED | sum fp16 shape 16x512 regime large" in r.stdout  # fp16 sums of 1e4-sized terms overflow
+    assert "opband sweep: bf16 vs fp32 reference" in r.stdout
+    # CPU's bf16 rsqrt treats subnormal inputs as zero (1/sqrt(0) = inf) where fp32 gives ~1e20: a kernel finding
+    assert "FAILED | rsqrt bf16 shape 2x32x256 regime subnormal" in r.stdout and "Inf mismatches" in r.stdout
     rows = json.loads((tmp_path / "s.json").read_text())["rows"]
-    assert len(rows) == 4
-    again = subprocess.run([OPBAND, "sweep", "--op", "sum", "--dtype", "fp16", "--regime", "large", "--check",
+    assert len(rows) == 4 and {(x["op"], x["regime"]) for x in rows if x["verdict"] == "pass"} >= {
+        ("rsqrt", "normal"), ("sum", "normal")}
+    again = subprocess.run([OPBAND, "sweep", "--op", "rsqrt", "--dtype", "bf16", "--regime", "subnormal", "--check",
                             "-o", str(tmp_path / "t")], capture_output=True, text=True, timeout=300)
     assert again.returncode == 1
     bad = subprocess.run([OPBAND, "sweep", "--op", "nope", "-o", str(tmp_path / "u")], capture_output=True, text=True)
     assert bad.returncode == 2 and "error: nothing to sweep: nope: unknown op" in bad.stderr
-    cmp = subprocess.run([OPBAND, "compare", str(tmp_path / "s/reference.bundle"), str(tmp_path / "s/fp16.bundle"),
+    cmp = subprocess.run([OPBAND, "compare", str(tmp_path / "s/reference.bundle"), str(tmp_path / "s/bf16.bundle"),
                           "--mode", "replay"], capture_output=True, text=True, timeout=300)
     assert cmp.returncode == 1 and "each op ran on the reference's inputs" in cmp.stdout
-
-
-@pytest.mark.sweep
-def test_full_llm_list_three_dtypes_every_regime_finds_the_fault(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    cfg = SweepConfig(dtypes=["bf16", "fp16", "int8"])
-    honest = run_sweep(cfg, tmp_path / "honest", progress=False).report
-    assert len(honest.rows) == len(BUILTIN) * 3 * 6 and not honest.skipped
-    monkeypatch.setattr(F, "silu", _ftz_silu(F.silu))
-    faulty = run_sweep(cfg, tmp_path / "faulty", progress=False).report
-    bad = lambda rep: {(r.op, r.dtype, r.shape, r.regime) for r in rep.rows if r.verdict != "pass"}  # noqa: E731
-    assert bad(faulty) - bad(honest) == {("silu", "bf16", "2x32x344", "near_zero")}
