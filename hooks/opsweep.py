@@ -22,7 +22,7 @@ import torch
 from accuracy.bundle import Bundle
 from accuracy.compare import compare
 from accuracy.manifest import shape_signature
-from accuracy.sweep_report import SweepReport, rows_from_comparison
+from accuracy.sweep_report import SweepReport, missing_rows, rows_from_comparison
 from hooks.capture import CaptureOptions
 from hooks.environment import environment
 from hooks.fp8 import FP8_DTYPES, quantize
@@ -336,11 +336,16 @@ def run_sweep(cfg: SweepConfig, out_dir: str | os.PathLike[str], progress: bool 
                                           lambda _k, t=task: bar.advance(t), cases)
         ref_bundle = Bundle.open(ref)
         rows = []
+        cases_meta = ref_bundle.manifest.run["sweep"]["cases"]
         for variant, path in targets.items():
-            rows += rows_from_comparison(ref_bundle.manifest.run["sweep"]["cases"],
-                                         compare(ref_bundle, path, mode="replay", budgets=budgets), variant)
+            if not Bundle.open(path).records:  # nothing ran on the target (the SKIPPED lines say why)
+                rows += missing_rows(cases_meta, variant, f"the target ran no case in {variant}")
+                continue
+            rows += rows_from_comparison(cases_meta, compare(ref_bundle, path, mode="replay", budgets=budgets), variant)
     skipped = list(ref_bundle.manifest.run["sweep"].get("skipped") or [])
     skipped += [f"{d.key}: {d.message}" for d in ref_bundle.manifest.diagnostics]
+    for variant, path in targets.items():  # an op the target device or dtype cannot run: why
+        skipped += [f"{variant} {d.key}: {d.message}" for d in Bundle.open(path).manifest.diagnostics]
     return SweepResult(ref, targets, SweepReport(rows, skipped))
 
 
