@@ -307,13 +307,16 @@ class SweepResult:
 
 
 def run_sweep(cfg: SweepConfig, out_dir: str | os.PathLike[str], progress: bool | None = None,
-              planned: list[PlannedCase] | None = None, budgets: Mapping[str, Any] | None = None) -> SweepResult:
+              planned: list[PlannedCase] | None = None, budgets: Mapping[str, Any] | None = None,
+              reference: str | os.PathLike[str] | None = None) -> SweepResult:
     """Reference bundle, one target bundle per dtype, and the report per op x dtype x shape x regime.
 
     Writes ``OUT_DIR/reference.bundle`` and ``OUT_DIR/<dtype>.bundle``; each target compares
     against the reference with ``accuracy.compare(..., mode="replay")``, as ``opband compare`` does.
     ``planned``: run these cases (e.g. a function under test) instead of the config's ops;
-    ``budgets``: per-op budget overrides, as ``opband compare --budgets``.
+    ``budgets``: per-op budget overrides, as ``opband compare --budgets``; ``reference``: an
+    existing sweep reference bundle (made elsewhere, e.g. on the GPU machine): only the targets run,
+    on its stored inputs.
     """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -322,16 +325,27 @@ def run_sweep(cfg: SweepConfig, out_dir: str | os.PathLike[str], progress: bool 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cases = {p.key: p.case for p in planned} if planned is not None else None
-    planned = planned if planned is not None else plan(cfg)[0]
+    if reference is not None:
+        sweep = Bundle.open(reference).manifest.run.get("sweep")
+        if not isinstance(sweep, dict) or not isinstance(sweep.get("cases"), dict):
+            raise CaseError(f"{reference} is not a sweep reference bundle (no run.sweep): make one with `opband sweep`")
+        total = len(sweep["cases"])
+    else:
+        planned = planned if planned is not None else plan(cfg)[0]
+        total = len(planned)
     console = Console(stderr=True)
     show = console.is_terminal if progress is None else progress
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, disable=not show, transient=True) as bar:
-        task = bar.add_task("reference fp32", total=len(planned))
-        ref = run_reference(cfg, out / "reference.bundle", lambda _k: bar.advance(task), planned if cases is not None else None)
+        if reference is not None:
+            ref = Path(reference)
+        else:
+            task = bar.add_task("reference fp32", total=total)
+            ref = run_reference(cfg, out / "reference.bundle", lambda _k: bar.advance(task),
+                                planned if cases is not None else None)
         targets: dict[str, Path] = {}
         for variant in cfg.dtypes:
-            task = bar.add_task(f"target {variant}", total=len(planned))
+            task = bar.add_task(f"target {variant}", total=total)
             targets[variant] = run_target(ref, out / f"{variant}.bundle", variant, cfg.target_device,
                                           lambda _k, t=task: bar.advance(t), cases)
         ref_bundle = Bundle.open(ref)

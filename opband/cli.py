@@ -365,6 +365,7 @@ def sweep(
     dtypes: Annotated[Optional[list[str]], typer.Option("--dtype", help="target dtype: fp32 fp16 bf16 int8 fp8-e4m3 fp8-e5m2; repeatable (default bf16, fp16, int8)")] = None,
     regimes: Annotated[Optional[list[str]], typer.Option("--regime", help="normal large near_zero subnormal nonfinite ill_conditioned; repeatable (default all)")] = None,
     from_bundle: Annotated[Optional[Path], typer.Option(help="sweep the ATen ops of this captured bundle at their recorded input shapes")] = None,
+    reference: Annotated[Optional[Path], typer.Option(help="an existing sweep reference.bundle (e.g. made on the GPU machine): run only the --dtype targets on --target-device, on its stored inputs")] = None,
     reference_device: Annotated[Optional[str], typer.Option(help="reference device (default cuda when present, else cpu)")] = None,
     target_device: Annotated[Optional[str], typer.Option(help="target device (default cpu)")] = None,
     seed: Annotated[Optional[int], typer.Option(help="seed of the generated inputs")] = None,
@@ -384,7 +385,7 @@ def sweep(
         cfg = make_config(sweep_file, ops=ops or (), shapes=shapes, dtypes=dtypes, regimes=regimes,
                           from_bundle=str(from_bundle) if from_bundle else None, reference_device=reference_device,
                           target_device=target_device, seed=seed, max_shapes=max_shapes, exact_inputs=exact_inputs)
-        result = run_sweep(cfg, out)
+        result = run_sweep(cfg, out, reference=reference)
     except (CaseError, OpbandError, ValueError) as e:
         _fail(str(e))
     typer.echo(result.report.to_text())

@@ -174,6 +174,12 @@ def test_cli_sweep(tmp_path: Path) -> None:
     again = subprocess.run([OPBAND, "sweep", "--op", "rsqrt", "--dtype", "bf16", "--regime", "subnormal", "--check",
                             "-o", str(tmp_path / "t")], capture_output=True, text=True, timeout=300)
     assert again.returncode == 1
+    # the targets alone, later or elsewhere, on the inputs the reference stored
+    later = subprocess.run([OPBAND, "sweep", "--reference", str(tmp_path / "s/reference.bundle"), "--dtype", "fp16",
+                            "-o", str(tmp_path / "later")], capture_output=True, text=True, timeout=300)
+    assert later.returncode == 0 and "opband sweep: fp16 vs fp32 reference" in later.stdout, later.stderr
+    assert sorted(p.name for p in (tmp_path / "later").iterdir()) == ["fp16.bundle"]
+    assert Bundle.open(tmp_path / "later/fp16.bundle").manifest.run["replay_of"] == str(tmp_path / "s/reference.bundle")
     bad = subprocess.run([OPBAND, "sweep", "--op", "nope", "-o", str(tmp_path / "u")], capture_output=True, text=True)
     assert bad.returncode == 2 and "error: nothing to sweep: nope: unknown op" in bad.stderr
     cmp = subprocess.run([OPBAND, "compare", str(tmp_path / "s/reference.bundle"), str(tmp_path / "s/bf16.bundle"),
