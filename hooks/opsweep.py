@@ -77,29 +77,53 @@ class SweepConfig:
 _FILE_KEYS = {f for f in SweepConfig.__dataclass_fields__}
 
 
+def _read_sweep_file(path: str | os.PathLike[str]) -> Any:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise CaseError(f"cannot read sweep file {p}: {e}") from e
+    try:
+        if p.suffix.lower() == ".toml":
+            import tomllib
+
+            return tomllib.loads(text)
+        if p.suffix.lower() in (".yaml", ".yml"):
+            import yaml
+
+            return yaml.safe_load(text) or {}
+    except Exception as e:  # noqa: BLE001 - any parser error is the user's file, said once
+        raise CaseError(f"sweep file {p} is not valid {p.suffix[1:].upper()}: {e}") from e
+    raise CaseError(f"sweep file {p}: unknown suffix {p.suffix!r}; use .toml, .yaml or .yml")
+
+
 def load_sweep_file(path: str | os.PathLike[str]) -> SweepConfig:
     """A sweep file (TOML or YAML) with the keys of :class:`SweepConfig`; ``ops`` entries are names
-    or tables ``{name, shapes, kwargs, label}``."""
-    from accuracy.budgets import load_config
+    or tables ``{name, shapes, kwargs, label}``. Types are checked; a wrong one is refused by name."""
+    from pydantic import TypeAdapter, ValidationError
 
-    data = load_config(path)
+    data = _read_sweep_file(path)
     if not isinstance(data, Mapping):
         raise CaseError(f"sweep file {path}: expected a table of settings such as ops = [\"softmax\"]")
     unknown = set(data) - _FILE_KEYS
     if unknown:
         raise CaseError(f"sweep file {path}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_FILE_KEYS)}")
-    cfg = SweepConfig(**{k: v for k, v in data.items() if k != "ops"})
-    for entry in data.get("ops") or []:
-        if isinstance(entry, str):
-            cfg.ops.append(OpSpec(entry))
-        elif isinstance(entry, Mapping) and isinstance(entry.get("name"), str):
-            extra = set(entry) - {"name", "shapes", "kwargs", "label"}
-            if extra:
-                raise CaseError(f"sweep file {path}: op {entry['name']!r} has unknown field(s) {sorted(extra)}")
-            cfg.ops.append(OpSpec(entry["name"], list(entry.get("shapes") or []), entry.get("kwargs"), entry.get("label")))
-        else:
-            raise CaseError(f"sweep file {path}: each ops entry is a name or a table with a name, not {entry!r}")
-    return cfg
+    data = dict(data)
+    ops = data.get("ops") or []
+    if not isinstance(ops, list):
+        raise CaseError(f"sweep file {path}: ops must be a list of names or tables")
+    data["ops"] = [{"name": o} if isinstance(o, str) else o for o in ops]
+    for entry in data["ops"]:
+        extra = set(entry) - {"name", "shapes", "kwargs", "label"} if isinstance(entry, Mapping) else set()
+        if extra:
+            raise CaseError(f"sweep file {path}: op {entry.get('name')!r} has unknown field(s) {sorted(extra)}")
+    try:
+        return TypeAdapter(SweepConfig).validate_python(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise CaseError(f"sweep file {path}: {where}: {first['msg']} (e.g. dtypes = [\"bf16\"], "
+                        "shapes = [\"64x256,256x128\"])") from None
 
 
 @dataclass(frozen=True)

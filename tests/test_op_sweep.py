@@ -127,6 +127,14 @@ def test_ops_by_name_files_and_bad_input(tmp_path: Path) -> None:
         load_sweep_file(tmp_path / "bad.yaml")
     with pytest.raises(CaseError, match="choose from"):
         make_config(dtypes=["fp12"])
+    for text, message in (('dtypes = "bf16"\n', "dtypes: Input should be a valid list"),
+                          ('[[ops]]\nname = "mm"\nshapes = [64]\n', "ops.0.shapes.0: Input should be a valid string"),
+                          ('seed = "x"\n', "seed: Input should be a valid integer"),
+                          ('[[ops]]\nname = "mm"\ncall = {target = "aten.mm.default"}\n', r"unknown field\(s\) \['call'\]"),
+                          ("dtypes = [\n", "is not valid TOML")):
+        f.write_text(text)
+        with pytest.raises(CaseError, match=message):
+            load_sweep_file(f)
 
 
 def test_from_bundle_sweeps_the_models_ops_at_recorded_shapes(tmp_path: Path) -> None:
