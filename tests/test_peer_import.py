@@ -211,6 +211,9 @@ def test_polygraphy_run_results(tmp_path: Path) -> None:
     np.testing.assert_allclose(bundle.record_values("0/onnx.Gemm#0"), hidden.numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(bundle.record_values("1/onnx.Gelu#0"), model[1](hidden).numpy(), rtol=1e-5, atol=1e-6)
     assert accuracy.compare(bundle.path, bundle.path).verdict == "pass"
+    cli = subprocess.run([OPBAND, "import", "polygraphy", str(tmp_path / "out.json"), "-o", str(tmp_path / "cli.bundle")],
+                         capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0 and cli.stdout.startswith(f"wrote {tmp_path / 'cli.bundle'} (3 records"), cli.stderr
 
     data = json.loads((tmp_path / "out.json").read_text())
     out = data["lst"][0][1][0]["outputs"]
