@@ -12,6 +12,7 @@ the service judge them like any replay. (Not :mod:`hooks.sweep`: that one measur
 from __future__ import annotations
 
 import os
+import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -205,7 +206,9 @@ def plan(cfg: SweepConfig) -> tuple[list[PlannedCase], list[str]]:
                         continue  # another recorded call of the same overload and shapes (other scalars): the first is kept
                     raise CaseError(f"op {spec.name} appears twice with shape {sig}: give one of them a label")
                 keys.add(key)
-                planned.append(PlannedCase(key, case, label, regime, sig, cfg.seed + len(planned)))
+                # the seed follows the key, not the position: a case keeps its inputs whatever else is swept,
+                # so its history (bands per op key) compares like with like
+                planned.append(PlannedCase(key, case, label, regime, sig, (zlib.crc32(key.encode()) + cfg.seed) % 2**31))
     return planned, skipped
 
 

@@ -15,7 +15,7 @@ from torch.nn import functional as F  # noqa: N812
 import accuracy
 from accuracy.bundle import Bundle
 from hooks.opcases import BUILTIN, CaseError, make_inputs, parse_shapes, regime_values, resolve_case
-from hooks.opsweep import OpSpec, SweepConfig, load_sweep_file, make_config, run_sweep
+from hooks.opsweep import OpSpec, SweepConfig, load_sweep_file, make_config, plan, run_sweep
 
 OPBAND = str(Path(sys.executable).with_name("opband"))
 
@@ -106,6 +106,8 @@ def test_exact_inputs_make_the_target_cast_lossless_where_the_dtype_can() -> Non
 
 def test_ops_by_name_files_and_bad_input(tmp_path: Path) -> None:
     assert resolve_case("aten._softmax") is BUILTIN["softmax"]
+    alone, among = plan(SweepConfig(ops=[OpSpec("mm")]))[0], plan(SweepConfig(ops=[OpSpec("silu"), OpSpec("mm")]))[0]
+    assert {p.key: p.seed for p in alone}.items() <= {p.key: p.seed for p in among}.items(), "inputs follow the key"
     erf = resolve_case("torch.special.erf")
     assert erf.kind == "api" and erf.op == "torch.special.erf"
     with pytest.raises(CaseError, match="unknown op 'aten.no_such_op'"):
