@@ -195,3 +195,14 @@ def test_cli_sweep(tmp_path: Path) -> None:
     cmp = subprocess.run([OPBAND, "compare", str(tmp_path / "s/reference.bundle"), str(tmp_path / "s/bf16.bundle"),
                           "--mode", "replay"], capture_output=True, text=True, timeout=300)
     assert cmp.returncode == 1 and "each op ran on the reference's inputs" in cmp.stdout
+
+
+@pytest.mark.sweep
+def test_full_llm_list_three_dtypes_every_regime_finds_the_fault(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = SweepConfig(dtypes=["bf16", "fp16", "int8"])
+    honest = run_sweep(cfg, tmp_path / "honest", progress=False).report
+    assert len(honest.rows) == len(BUILTIN) * 3 * 6 and not honest.skipped
+    monkeypatch.setattr(F, "silu", _ftz_silu(F.silu))
+    faulty = run_sweep(cfg, tmp_path / "faulty", progress=False).report
+    bad = lambda rep: {(r.op, r.dtype, r.shape, r.regime) for r in rep.rows if r.verdict != "pass"}  # noqa: E731
+    assert bad(faulty) - bad(honest) == {("silu", "bf16", "2x32x344", "near_zero")}
