@@ -26,7 +26,7 @@ from accuracy.manifest import shape_signature
 from accuracy.sweep_report import SweepReport, missing_rows, rows_from_comparison
 from hooks.capture import CaptureOptions
 from hooks.environment import environment
-from hooks.fp8 import FP8_DTYPES, quantize
+from hooks.fp8 import FP8_DTYPES, quantize_dequantize
 from hooks.opcases import (
     BY_ATEN, BUILTIN, REGIMES, CaseError, OpCase, call_case, exact_values, make_inputs, parse_shapes, resolve_case,
 )
@@ -284,8 +284,7 @@ def _to_target(t: torch.Tensor, variant: str, device: str) -> torch.Tensor:
         scale = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
         return (t / scale).round().clamp(-127, 127) * scale
     if variant in FP8_DTYPES:  # per-tensor scale, as hooks.fp8 quantizes activations
-        q, scale = quantize(t, FP8_DTYPES[variant], rowwise=False)
-        return q.float() * scale
+        return quantize_dequantize(t, FP8_DTYPES[variant])
     return t
 
 
