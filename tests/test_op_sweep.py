@@ -77,6 +77,14 @@ def test_sweep_bundles_are_ordinary_bundles(tmp_path: Path) -> None:
     assert data["schema"] == "opband.sweep/1" and len(data["rows"]) == 3 * 2 * 2
 
 
+def test_fp8_targets_carry_their_rounding(tmp_path: Path) -> None:
+    cfg = SweepConfig(ops=[OpSpec("mm")], dtypes=["fp8-e4m3", "fp8-e5m2"], regimes=["normal"])
+    rows = {r.dtype: r for r in run_sweep(cfg, tmp_path, progress=False).report.rows}
+    # inputs rounded to 3 (e4m3) or 2 (e5m2) mantissa bits: a few percent, the e5m2 error about twice e4m3's
+    assert 0.01 < rows["fp8-e4m3"].norm_l2 < 0.06 and 1.5 < rows["fp8-e5m2"].norm_l2 / rows["fp8-e4m3"].norm_l2 < 2.5
+    assert {r.verdict for r in rows.values()} == {"pass"}
+
+
 def test_regimes_hold_what_they_promise() -> None:
     gen = torch.Generator().manual_seed(0)
     sub = regime_values("subnormal", [4096], gen)
