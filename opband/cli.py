@@ -361,6 +361,7 @@ def sweep(
     sweep_file: Annotated[Optional[Path], typer.Argument(help="TOML/YAML sweep file (ops, shapes, dtypes, regimes ...); flags override it")] = None,
     out: Annotated[Path, typer.Option("-o", "--out", help="folder for reference.bundle and one <dtype>.bundle per target dtype")] = Path("sweep"),
     ops: Annotated[Optional[list[str]], typer.Option("--op", help="built-in name (softmax), ATen op (aten.erf) or torch function (torch.special.erf); repeatable. Default: the --from-bundle ops, else the built-in LLM list")] = None,
+    op_list: Annotated[Optional[Path], typer.Option(help="sweep the ops of this file too, one per line (as `opband coverage --op-list`)")] = None,
     shapes: Annotated[Optional[list[str]], typer.Option("--shape", help="input shapes as 'AxB,CxD' (one per tensor input); repeatable; replaces each op's defaults")] = None,
     dtypes: Annotated[Optional[list[str]], typer.Option("--dtype", help="target dtype: fp32 fp16 bf16 int8 fp8-e4m3 fp8-e5m2; repeatable (default bf16, fp16, int8)")] = None,
     regimes: Annotated[Optional[list[str]], typer.Option("--regime", help="normal large near_zero subnormal nonfinite ill_conditioned; repeatable (default all)")] = None,
@@ -381,8 +382,11 @@ def sweep(
 
     from accuracy.errors import OpbandError
 
+    from accuracy.coverage import load_op_list
+
     try:
-        cfg = make_config(sweep_file, ops=ops or (), shapes=shapes, dtypes=dtypes, regimes=regimes,
+        ops = [*(ops or []), *(load_op_list(op_list) if op_list else [])]
+        cfg = make_config(sweep_file, ops=ops, shapes=shapes, dtypes=dtypes, regimes=regimes,
                           from_bundle=str(from_bundle) if from_bundle else None, reference_device=reference_device,
                           target_device=target_device, seed=seed, max_shapes=max_shapes, exact_inputs=exact_inputs)
         result = run_sweep(cfg, out, reference=reference)

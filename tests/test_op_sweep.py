@@ -189,9 +189,10 @@ def test_cli_sweep(tmp_path: Path) -> None:
     rows = json.loads((tmp_path / "s.json").read_text())["rows"]
     assert len(rows) == 4 and {(x["op"], x["regime"]) for x in rows if x["verdict"] == "pass"} >= {
         ("rsqrt", "normal"), ("sum", "normal")}
-    again = subprocess.run([OPBAND, "sweep", "--op", "rsqrt", "--dtype", "bf16", "--regime", "subnormal", "--check",
-                            "-o", str(tmp_path / "t")], capture_output=True, text=True, timeout=300)
-    assert again.returncode == 1
+    (tmp_path / "ops.txt").write_text("# what the target's library implements\naten.rsqrt\n")
+    again = subprocess.run([OPBAND, "sweep", "--op-list", str(tmp_path / "ops.txt"), "--dtype", "bf16", "--regime",
+                            "subnormal", "--check", "-o", str(tmp_path / "t")], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 1 and "FAILED | rsqrt bf16 shape 2x32x256 regime subnormal" in again.stdout
     # the targets alone, later or elsewhere, on the inputs the reference stored
     later = subprocess.run([OPBAND, "sweep", "--reference", str(tmp_path / "s/reference.bundle"), "--dtype", "fp16",
                             "-o", str(tmp_path / "later")], capture_output=True, text=True, timeout=300)
