@@ -2,7 +2,7 @@
 // and out-of-band points marked; the selected run's error histogram, quantiles and both sides'
 // statistics; the runs it was accepted in.
 "use strict";
-import { $, $$, api, badge, comparisonHref, enc, esc, fmt, fmtCos, opHref, plotConfig, projectHref, setQuery, short, when, VERDICT_COLOR } from "./ui.js";
+import { $, api, badge, comparisonHref, enc, esc, fmt, fmtCos, opHref, plotConfig, projectHref, runAxis, setQuery, short, when, VERDICT_COLOR, zeroFloor, zeroNote } from "./ui.js";
 
 const METRICS = ["norm_l2", "max_rel", "max_abs", "cosine", "snr_db"];
 const MAX_CHARTS = 6;
@@ -61,9 +61,8 @@ export async function render(view, r, ctx) {
   if (run) await detail(p, key, run, ctx);
 }
 
-function floorOf(series, metric) {
-  const vals = series.points.flatMap((pt) => [pt.value, pt.budget, pt.band]).filter((v) => typeof v === "number" && v > 0);
-  return vals.length ? Math.min(...vals) / 10 : 1e-8;
+function floorOf(series) {
+  return zeroFloor(series.points.flatMap((pt) => [pt.value, pt.budget, pt.band]));
 }
 
 /** One chart per series (target x input shapes x dtype): budget and band as shaded ranges behind the points. */
@@ -76,9 +75,11 @@ async function charts(hist, metric, run, select) {
   const logY = !["cosine", "snr_db"].includes(metric);
   window.opbandHistory = [];
   for (const [i, s] of shown.entries()) {
-    const x = s.points.map((pt) => pt.created_at);
+    const axis = runAxis(s.points);
+    const x = s.points.map(axis.label);
+    s.axis = axis;
     const traces = [];
-    const low = logY ? floorOf(s, metric) : null;
+    const low = logY ? floorOf(s) : null;  // the bottom of the shaded ranges, and where an exact 0 is drawn
     const shade = (lower, upper, name, color, lineColor) => {
       if (!upper.some((v) => v !== null)) return;
       traces.push({ x, y: lower, mode: "lines", line: { width: 0, shape: "hv" }, hoverinfo: "skip", showlegend: false });
@@ -96,25 +97,26 @@ async function charts(hist, metric, run, select) {
     }
     const bad = (pt) => pt.out;
     traces.push({
-      x, y: s.points.map((pt) => pt.value), mode: "lines+markers", name: metric, line: { color: "#24292f", width: 1.5 },
+      x, y: s.points.map((pt) => (logY && pt.value === 0 ? low : pt.value)), mode: "lines+markers", name: metric, line: { color: "#24292f", width: 1.5 },
       customdata: s.points.map((pt) => pt.comparison_id),
-      text: s.points.map((pt) => `${pt.verdict}${pt.label ? " · " + pt.label : ""}; budget ${fmt(pt.budget)}; band ${fmt(pt.band)} (${pt.band_runs} accepted)`),
+      text: s.points.map((pt) => `${pt.value === 0 ? "exactly 0; " : ""}${pt.verdict}${pt.label ? " · " + pt.label : ""}; budget ${fmt(pt.budget)}; band ${fmt(pt.band)} (${pt.band_runs} accepted)`),
       hovertemplate: "%{y:.3e}<br>%{text}<extra></extra>",
-      marker: { size: s.points.map((pt) => (bad(pt) ? 13 : 7)), symbol: s.points.map((pt) => (bad(pt) ? "x" : "circle")),
+      marker: { size: s.points.map((pt) => (bad(pt) ? 13 : 7)), symbol: s.points.map((pt) => (bad(pt) ? "x" : pt.value === 0 ? "triangle-down" : "circle")),
                 color: s.points.map((pt) => VERDICT_COLOR[pt.verdict] || "#24292f") },
     });
     const acc = s.points.filter((pt) => pt.accepted_in.length);
     if (acc.length) {
-      traces.push({ x: acc.map((pt) => pt.created_at), y: acc.map((pt) => pt.value), mode: "markers", name: "accepted",
+      traces.push({ x: acc.map(axis.label), y: acc.map((pt) => (logY && pt.value === 0 ? low : pt.value)), mode: "markers", name: "accepted",
                     marker: { symbol: "circle-open", size: 15, color: "#1a7f37", line: { width: 2 } },
                     customdata: acc.map((pt) => pt.comparison_id), hovertemplate: "accepted in %{text}<extra></extra>",
                     text: acc.map((pt) => pt.accepted_in.join(", ")) });
     }
     const el = $(`#history-${i}`);
     await Plotly.newPlot(el, traces, {
-      margin: { t: 6, r: 10, l: 64, b: 36 }, height: 260, showlegend: false, hovermode: "closest",
+      margin: { t: 6, r: 10, l: 64, b: 56 }, height: 280, showlegend: false, hovermode: "closest",
       yaxis: logY ? { title: { text: metric }, type: "log", tickformat: ".2~e" } : { title: { text: metric } },
-      xaxis: { type: "date" }, shapes: runLine(s, run),
+      xaxis: { type: "category", categoryorder: "array", categoryarray: axis.categories, tickangle: -20, tickfont: { size: 10 } },
+      shapes: runLine(s, run), annotations: logY ? zeroNote(s.points.map((pt) => pt.value), low) : [],
     }, plotConfig);
     el.on("plotly_click", (ev) => { const cid = ev.points.find((pt) => pt.customdata)?.customdata; if (cid) select(cid); });
     window.opbandHistory.push({ target: s.target, values: s.points.map((pt) => pt.value), out: s.points.filter(bad).length,
@@ -125,7 +127,7 @@ async function charts(hist, metric, run, select) {
 
 function runLine(s, run) {
   const pt = s.points.find((x) => x.comparison_id === run);
-  return pt ? [{ type: "line", xref: "x", yref: "paper", x0: pt.created_at, x1: pt.created_at, y0: 0, y1: 1,
+  return pt ? [{ type: "line", xref: "x", yref: "paper", x0: s.axis.label(pt), x1: s.axis.label(pt), y0: 0, y1: 1,
                  line: { color: "#8250df", width: 1.5, dash: "dash" } }] : [];
 }
 

@@ -1,6 +1,6 @@
 // Project overview: targets x latest verdict, open regressions, recent comparisons, and the drift chart.
 "use strict";
-import { $, api, badge, comparisonHref, counts, enc, esc, fmt, opHref, plotConfig, projectHref, setQuery, short, when } from "./ui.js";
+import { $, api, badge, comparisonHref, counts, enc, esc, fmt, opHref, plotConfig, projectHref, runAxis, setQuery, when, zeroFloor, zeroNote } from "./ui.js";
 
 export async function render(view, r, ctx) {
   const p = r.project;
@@ -70,22 +70,27 @@ async function drift(project, o, ctx) {
   const series = await api(`/projects/${enc(project)}/drift?${q}`);
   if (ctx.stale()) return;
   const flagged = new Set(o.regressions.map((g) => `${g.key}|${g.target}`));
+  const axis = runAxis(series.flatMap((s) => s.points));
+  const logY = metric !== "cosine" && metric !== "snr_db";
+  const zero = zeroFloor(series.flatMap((s) => s.points.map((p) => p.value)));  // exact 0 on a log axis
+  const y = (p) => (logY && p.value === 0 ? zero : p.value);
   const traces = series.filter((s) => s.points.length).map((s) => ({
     type: "scatter", mode: "lines+markers", name: `${s.key} [${s.target}]${flagged.has(`${s.key}|${s.target}`) ? " ⚑" : ""}`,
-    x: s.points.map((p) => p.created_at), y: s.points.map((p) => p.value),
+    x: s.points.map(axis.label), y: s.points.map(y),
     customdata: s.points.map((p) => [s.key, s.target, p.comparison_id]),
-    text: s.points.map((p) => `${p.verdict}; budget ${fmt(p.budget)}`),
-    marker: { symbol: s.points.map((p) => (p.verdict === "fail" || p.verdict === "warn" ? "x" : "circle")),
+    text: s.points.map((p) => `${p.value === 0 ? "exactly 0; " : ""}${p.verdict}; budget ${fmt(p.budget)}`),
+    marker: { symbol: s.points.map((p) => (p.verdict === "fail" || p.verdict === "warn" ? "x" : p.value === 0 ? "triangle-down" : "circle")),
               size: s.points.map((p) => (p.verdict === "fail" || p.verdict === "warn" ? 10 : 6)) },
     hovertemplate: "%{y:.3e}<br>%{text}<extra>%{fullData.name}</extra>",
   }));
   $("#no-drift").hidden = traces.length > 0;
-  const logY = metric !== "cosine" && metric !== "snr_db";
   const el = $("#drift");
   await Plotly.react(el, traces, {
-    margin: { t: 10, r: 10, l: 60, b: 40 }, legend: { orientation: "h", y: -0.2, font: { size: 11 } },
+    margin: { t: 10, r: 10, l: 60, b: 60 }, legend: { orientation: "h", y: -0.3, font: { size: 11 } },
     yaxis: logY ? { title: { text: metric }, type: "log", tickformat: ".3~g" } : { title: { text: metric }, type: "linear" },
-    xaxis: { title: { text: "comparison time" } },
+    annotations: logY ? zeroNote(series.flatMap((s) => s.points.map((p) => p.value)), zero) : [],
+    xaxis: { title: { text: "comparison (oldest left)" }, type: "category", categoryorder: "array", categoryarray: axis.categories,
+             tickangle: -20, tickfont: { size: 10 } },
   }, plotConfig);
   el.removeAllListeners?.("plotly_click");
   el.on("plotly_click", (ev) => {
