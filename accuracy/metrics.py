@@ -75,11 +75,13 @@ INT_DTYPES = ("int8", "qint8", "quint8", "int16", "int32", "int64", "uint8", "bo
 
 
 def machine_eps(dtype: str) -> float:
-    """Unit roundoff (half an ulp at 1.0) of a float dtype name; int8 uses half its 1/127 step."""
+    """Unit roundoff (half an ulp at 1.0) of a float dtype name; int8 (int4) uses half its 1/127 (1/15) step."""
     if dtype in FLOAT_FORMATS:
         return 2.0 ** -(FLOAT_FORMATS[dtype][0] + 1)
     if dtype in ("int8", "qint8", "quint8"):
         return 1.0 / 254.0
+    if dtype == "int4":
+        return 1.0 / 30.0
     return 0.0
 
 

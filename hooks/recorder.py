@@ -20,8 +20,9 @@ import pydantic
 import torch
 
 from accuracy.bundle import BundleWriter
-from accuracy.manifest import Diagnostic, Manifest, Record, Stats
+from accuracy.manifest import Diagnostic, Fingerprints, Manifest, Record, Stats
 from hooks import cstats, devices
+from hooks.opcall import layout_of
 from hooks.tensors import (
     StatsBatch,
     StorageMap,
@@ -159,11 +160,12 @@ class Recorder:
         slot = self.stats.add(payload.values, None if mutated else t)
         name = (self._store(rec_id, t, payload, reuse=not mutated, share=self._share_views and not mutated, slot=slot)
                 if self.opts.mode == "full" else None)
+        strides, memory_format = layout_of(t)
         self.records.append({  # a Record's fields; validated once, in finish()
             "key": key, "output": out_i, "module": module, "op": op, "ordinal": ordinal, "kind": kind,
             "index": len(self.records), "input_shapes": shapes, "input_dtypes": dtypes, "shape": payload.shape,
             "dtype": payload.dtype, "tensor": name, "input_tensors": input_names, "stats": None,
-            "qparams": payload.extra, "step": self.step,
+            "qparams": payload.extra, "step": self.step, "strides": strides, "memory_format": memory_format,
         })
         self.stats_of.append(slot)
 
@@ -233,7 +235,7 @@ class Recorder:
                   f"{mb:,.1f} MB written, {now - self.started:.1f}s",
                   file=sys.stderr, end="\n" if final else "\r", flush=True)
 
-    def finish(self, run: dict[str, Any], env: dict[str, Any]) -> Path:
+    def finish(self, run: dict[str, Any], env: dict[str, Any], fingerprints: Fingerprints | None = None) -> Path:
         self.closed = True
         self.flush()
         summaries = self.stats.to_host()
@@ -244,7 +246,8 @@ class Recorder:
         if self.calls:
             run = {**run, "calls": self.calls}
         fields = {"created_at": datetime.now(UTC).isoformat(timespec="seconds"), "run": run, "environment": env,
-                  "skipped_ops": dict(sorted(self.skipped.items())), "diagnostics": self.diagnostics}
+                  "skipped_ops": dict(sorted(self.skipped.items())), "diagnostics": self.diagnostics,
+                  "fingerprints": fingerprints}
         try:  # one validation call for every record (pydantic-core), cheaper than building each in Python
             manifest = Manifest.model_validate({**fields, "records": records})
         except pydantic.ValidationError as e:  # keep the capture: store what was recorded, say what is odd

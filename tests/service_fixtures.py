@@ -145,7 +145,7 @@ class SynthOp:
 
 
 def write_bundle(path: Path, ops: list[SynthOp], *, target: bool = False, variant: str = "fp32",
-                 environment: dict | None = None, seed: int = 0) -> Path:  # type: ignore[type-arg]
+                 environment: dict | None = None, seed: int = 0, run: dict | None = None) -> Path:  # type: ignore[type-arg]
     """A real opband bundle (accuracy.bundle.BundleWriter) from random float32 values.
 
     The reference values depend only on each op's position, so a reference and a target written
@@ -174,7 +174,8 @@ def write_bundle(path: Path, ops: list[SynthOp], *, target: bool = False, varian
                                   index=i, input_shapes=[list(o.shape)], input_dtypes=["float32"],
                                   shape=list(o.shape), dtype="float32", tensor=name))
         env = {"torch": "2.13.0", "device": "cpu", "threads": 2, **(environment or {})}
-        return w.close(Manifest(run={"variant": variant, "device": env["device"], "level": "aten", "mode": "full"},
+        return w.close(Manifest(run={"variant": variant, "device": env["device"], "level": "aten", "mode": "full",
+                                     **(run or {})},
                                 environment=env, records=records))
 
 

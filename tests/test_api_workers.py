@@ -71,7 +71,7 @@ def log_events(path: Path, message: str) -> list[dict]:  # type: ignore[type-arg
 
 def test_many_jobs_two_workers_each_exactly_once(api: LiveServer, tmp_path: Path) -> None:
     ops = [SynthOp(f"model.layers.{i % 20}", shape=(256,), noise=1e-2 if i % 7 == 0 else 0.0) for i in range(400)]
-    with opband.client() as c:
+    with api.client() as c:
         ref, tgt = pair(c, tmp_path, ops)
         first = queue(c, ref, tgt)
         time.sleep(2.0)
@@ -99,7 +99,7 @@ def _job_row(url: str, job_id: str) -> tuple[str, str | None, int]:
 
 def test_killed_worker_job_is_retried_after_lease(api: LiveServer, tmp_path: Path) -> None:
     ops = [SynthOp(f"model.layers.{i % 50}", shape=(16,)) for i in range(8000)]
-    with opband.client() as c:
+    with api.client() as c:
         ref, tgt = pair(c, tmp_path, ops)
         job = queue(c, ref, tgt)
         victim, _ = spawn(api, "victim", lease=5)
@@ -125,7 +125,7 @@ def test_killed_worker_job_is_retried_after_lease(api: LiveServer, tmp_path: Pat
 
 def test_deterministic_failure_ends_failed_with_error(api: LiveServer, tmp_path: Path) -> None:
     ops = [SynthOp(f"model.layers.{i}") for i in range(5)]
-    with opband.client() as c:
+    with api.client() as c:
         ref, tgt = pair(c, tmp_path, ops)
         spawn(api, "w1", lease=5)
         spawn(api, "w2", lease=5)
@@ -150,7 +150,7 @@ def test_worker_serves_its_own_metrics(api: LiveServer, tmp_path: Path) -> None:
                              {**QUEUE_ENV, "OPBAND_WORKER_METRICS_PORT": str(port)}, log_name="metrics")
     api.workers.append((proc, log))  # type: ignore[attr-defined]
     ops = [SynthOp(f"model.layers.{i}") for i in range(3)]
-    with opband.client() as c:
+    with api.client() as c:
         ref, tgt = pair(c, tmp_path, ops)
         assert wait_done(c, queue(c, ref, tgt), timeout=60)["status"] == "done"
     deadline = time.monotonic() + 20

@@ -407,7 +407,7 @@ def _check_int8_keys(model: nn.Module, inputs: tuple[Any, ...], level: str, tmp_
     assert linears
     _, ref = _capture(model, inputs, tmp_path / "fp32.bundle", level)
     assert [(d.key, d.message) for d in ref.manifest.diagnostics] == diagnostics
-    q_model, q_inputs, notes = apply_variant(model, inputs, "int8", "cpu")
+    q_model, q_inputs, notes = apply_variant(model, inputs, "int8", "cpu", allow_partial=True)  # CNN: convs stay
     assert notes["variant"] == "int8"
     quantized = {n for n, m in q_model.named_modules() if isinstance(m, torch.ao.nn.quantized.dynamic.Linear)}
     assert quantized == linears
