@@ -61,7 +61,8 @@ class TargetStatus(BaseModel):
     comparison_id: str
     verdict: str | None
     counts: dict[str, Any]
-    label: str | None
+    label: str | None = Field(description="the target run's label")
+    tags: dict[str, Any] = Field(default_factory=dict, description="the target run's tags")
     first_divergence: str | None
     created_at: Timestamp
     comparisons: int

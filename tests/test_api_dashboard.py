@@ -130,13 +130,14 @@ def test_dashboard_endpoints(live_server: LiveServer, tmp_path: Path) -> None:
 
 
 def test_category_of_names_what_changed() -> None:
-    from api.store.dashboard_queries import category_of
+    from accuracy.envdiff import category_of
 
     assert {f: category_of(f) for f in (
         "environment.torch", "environment.cuda", "environment.cudnn", "environment.threads", "environment.tf32_matmul",
         "environment.deterministic", "run.seed", "run.variant", "environment.device_name", "run.device",
-        "environment.git_commit", "environment.hostname")} == {
+        "environment.git_commit", "environment.hostname", "tags.cann", "tags.op-library", "tags.branch")} == {
         "environment.torch": "torch", "environment.cuda": "driver", "environment.cudnn": "op library",
         "environment.threads": "threads", "environment.tf32_matmul": "flags", "environment.deterministic": "flags",
         "run.seed": "inputs", "run.variant": "dtype", "environment.device_name": "driver", "run.device": "device",
-        "environment.git_commit": "code", "environment.hostname": "other"}
+        "environment.git_commit": "code", "environment.hostname": "other", "tags.cann": "driver",
+        "tags.op-library": "op library", "tags.branch": "code"}

@@ -37,8 +37,19 @@ class Site:
     ids: dict[str, str]  # comparison ids: demo_threads, demo_bf16, demo_int8, demo_bug, synth_quiet_0..5, synth_drift
 
 
-def _upload(c: httpx.Client, project: str, path: Path, token: str) -> str:
-    r = c.post(f"/api/v1/projects/{project}/bundles", content=path.read_bytes(),
+#: demo runs' names (label, target name, tags), given at upload as `opband upload --label --target --tag` does
+DEMO_NAMES = {
+    "ref": ("fp32-2threads", "cpu/fp32", ["branch=main"]),
+    "ref2": ("fp32-1thread", "cpu/fp32", ["branch=main"]),
+    "bf16": ("bf16-nightly", "cpu/bf16", ["branch=main"]),
+    "int8": ("int8-nightly", "cpu/int8", ["branch=main"]),
+    "bug": ("fast-sigmoid", "cpu/fp32-fastmath", ["branch=feature/fast-sigmoid", "op-library=fastmath-0.1"]),
+}
+
+
+def _upload(c: httpx.Client, project: str, path: Path, token: str, names: tuple[str, str, list[str]] | None = None) -> str:
+    params = {"label": names[0], "target": names[1], "tag": names[2]} if names else None
+    r = c.post(f"/api/v1/projects/{project}/bundles", content=path.read_bytes(), params=params,
                headers={"Authorization": f"Bearer {token}"})
     assert r.status_code in (200, 201), r.text
     return str(r.json()["id"])
@@ -69,8 +80,8 @@ def site(tmp_path_factory: pytest.TempPathFactory, demo_bundles: dict[str, Path]
             assert c.patch("/api/v1/projects/demo", json={"public": True}, headers=auth).status_code == 200
             assert c.patch("/api/v1/projects/synth", json={"public": True},
                            headers={"Authorization": f"Bearer {synth_token}"}).status_code == 200
-            b = {k: _upload(c, "demo", demo_bundles[k], write) for k in ("ref", "ref2", "bf16", "int8")}
-            b["bug"] = _upload(c, "demo", bug, write)
+            b = {k: _upload(c, "demo", demo_bundles[k], write, DEMO_NAMES[k]) for k in ("ref", "ref2", "bf16", "int8")}
+            b["bug"] = _upload(c, "demo", bug, write, DEMO_NAMES["bug"])
             ids["demo_threads"] = _compare(c, "demo", b["ref"], b["ref2"], write)
             ids["demo_bf16"] = _compare(c, "demo", b["ref"], b["bf16"], write)
             ids["demo_int8"] = _compare(c, "demo", b["ref"], b["int8"], write)
@@ -140,7 +151,9 @@ def _shot(pg, artifacts: Path, name: str, full_page: bool = True) -> None:  # ty
 
 def test_overview_targets_regressions_and_drift_include_first_divergences(site: Site, page, artifacts_dir: Path) -> None:
     ov = _api(site, "/projects/demo/overview")
-    assert sorted(t["target"] for t in ov["targets"]) == ["bf16@cpu", "fp32@cpu", "int8@cpu"]
+    assert [(t["target"], t["label"]) for t in ov["targets"]] == [
+        ("cpu/bf16", "bf16-nightly"), ("cpu/fp32", "fp32-1thread"), ("cpu/fp32-fastmath", "fast-sigmoid"),
+        ("cpu/int8", "int8-nightly")]
     page.goto(f"{site.server.url}/#/p/demo")
     page.wait_for_function("window.opbandDriftKeys !== undefined", timeout=30_000)
     for t in ov["targets"]:
@@ -160,9 +173,16 @@ def test_overview_targets_regressions_and_drift_include_first_divergences(site: 
     assert plotted == page.evaluate("window.opbandDriftPoints") > 0
     _shot(page, artifacts_dir, "overview")
     # three clicks from the overview: comparison -> first divergence's op page
-    page.locator("#targets tr[data-target='int8@cpu'] a").first.click()
+    page.locator("#targets tr[data-target='cpu/fp32-fastmath'] a").first.click()
     page.wait_for_selector("#env-diff")
-    assert "/comparison/" + site.ids["demo_int8"] in page.url
+    assert "/comparison/" + site.ids["demo_bug"] in page.url
+    assert page.locator(".run-card dd.label").all_inner_texts() == ["fp32-2threads", "fast-sigmoid"]
+    assert "op library" in page.locator("#env-summary .chip").all_text_contents()  # from the runs' tags
+    assert page.locator("#env-diff tr[data-category=code] code").all_inner_texts() == ["tags.branch"]
+    _shot(page, artifacts_dir, "comparison-named")
+    page.locator("#first-divergence").click()
+    page.wait_for_function("window.opbandHistogram !== undefined", timeout=30_000)
+    assert "/op/demo/" in page.url and "target=cpu%2Ffp32-fastmath" in page.url
 
 
 def test_comparison_header_env_diff_filters_and_folding(site: Site, page, artifacts_dir: Path) -> None:

@@ -2,7 +2,7 @@
 // and out-of-band points marked; the selected run's error histogram, quantiles and both sides'
 // statistics; the runs it was accepted in.
 "use strict";
-import { $, api, badge, comparisonHref, enc, esc, fmt, fmtCos, opHref, plotConfig, projectHref, runAxis, setQuery, short, when, VERDICT_COLOR, zeroFloor, zeroNote } from "./ui.js";
+import { $, api, badge, comparisonHref, enc, esc, fmt, fmtCos, opHref, plotConfig, projectHref, runAxis, setQuery, short, targetOf, when, VERDICT_COLOR, zeroFloor, zeroNote } from "./ui.js";
 
 const METRICS = ["norm_l2", "max_rel", "max_abs", "cosine", "snr_db"];
 const MAX_CHARTS = 6;
@@ -148,7 +148,7 @@ async function detail(p, key, cid, ctx) {
   const m = o.metrics || {};
   $("#run-title").innerHTML = `<a href="${comparisonHref(cid)}"><code>${short(cid)}</code></a> ${badge(o.verdict)}${o.inherited ? " inherited" : ""}`;
   $("#run-detail").innerHTML = `<p class="reason">${esc(o.reason || "within budget")}</p>
-    <p><small>${when(d.comparison.created_at)} · target ${esc(d.comparison.target_variant)}@${esc(d.comparison.target_device)} ·
+    <p><small>${when(d.comparison.created_at)} · target ${esc(targetOf(d.comparison))}${d.comparison.target_run?.label ? ` (${esc(d.comparison.target_run.label)})` : ""} ·
       budget norm_l2 ${fmt(o.budget?.norm_l2)}, cosine ≥ ${fmtCos(o.budget?.cosine_min)} (${esc(o.budget?.source || "-")})</small></p>
     <table class="kv">${DETAIL_METRICS.filter((k) => m[k] !== undefined).map((k) => `<tr><th>${k}</th><td class="num">${k === "cosine" ? fmtCos(m[k]) : fmt(m[k])}</td></tr>`).join("")}
     ${Object.entries(m.share_rel_over || {}).map(([t, v]) => `<tr><th>share rel &gt; ${esc(t)}</th><td class="num">${fmt(v)}</td></tr>`).join("")}</table>`;

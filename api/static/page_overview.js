@@ -1,9 +1,10 @@
 // Project overview: targets x latest verdict, open regressions, recent comparisons, and the drift chart.
 "use strict";
-import { $, api, badge, comparisonHref, counts, enc, esc, fmt, opHref, plotConfig, projectHref, runAxis, setQuery, when, zeroFloor, zeroNote } from "./ui.js";
+import { $, api, badge, comparisonHref, counts, enc, esc, fmt, labelsOf, opHref, targetOf, plotConfig, projectHref, runAxis, setQuery, when, zeroFloor, zeroNote } from "./ui.js";
 
 export async function render(view, r, ctx) {
   const p = r.project;
+  const project = () => p;
   const o = await api(`/projects/${enc(p)}/overview`);
   if (ctx.stale()) return;
   ctx.crumbs(`<a href="${projectHref(p)}">${esc(p)}</a>`);
@@ -17,7 +18,7 @@ export async function render(view, r, ctx) {
         <td><b>${esc(t.target)}</b></td>
         <td><a href="${comparisonHref(t.comparison_id)}">${badge(t.verdict)}</a></td><td>${counts(t.counts)}</td>
         <td>${t.first_divergence ? `<a href="${opHref(p, t.first_divergence, { target: t.target, run: t.comparison_id })}"><code>${esc(t.first_divergence)}</code></a>` : "-"}</td>
-        <td>${esc(t.label || "-")}</td><td>${when(t.created_at)}</td><td class="num">${t.comparisons}</td></tr>`).join("")}
+        <td>${esc(t.label || "-")}${Object.keys(t.tags || {}).length ? " " + Object.entries(t.tags).map(([k, v]) => `<span class="tag">${esc(k)}=${esc(v)}</span>`).join("") : ""}</td><td>${when(t.created_at)}</td><td class="num">${t.comparisons}</td></tr>`).join("")}
     </tbody></table>
     ${o.targets.length ? "" : `<p class="empty">No finished comparisons yet: upload two bundles and compare them (<code>opband gate</code> or <code>opband demo</code>).</p>`}
   </section>
@@ -33,11 +34,11 @@ export async function render(view, r, ctx) {
     </section>
     <section id="recent-section">
       <h2>Recent comparisons</h2>
-      <table id="comparisons"><thead><tr><th>when</th><th>target</th><th>verdict</th><th>ops</th><th>first divergence</th></tr></thead><tbody>
+      <table id="comparisons"><thead><tr><th>when</th><th>target</th><th>labels</th><th>verdict</th><th>ops</th><th>first divergence</th></tr></thead><tbody>
       ${o.recent.map((c) => `<tr class="selectable" data-id="${esc(c.id)}">
-        <td><a href="${comparisonHref(c.id)}">${when(c.created_at)}</a></td><td>${esc(c.target_variant)}@${esc(c.target_device)}</td>
+        <td><a href="${comparisonHref(c.id)}">${when(c.created_at)}</a></td><td>${esc(targetOf(c))}</td><td>${labelsOf(c)}</td>
         <td>${badge(c.verdict || c.status)}</td><td>${counts(c.counts)}</td>
-        <td>${c.first_divergence ? `<code>${esc(c.first_divergence.key)}</code>` : esc(c.error || "-")}</td></tr>`).join("")}
+        <td>${c.first_divergence ? `<a href="${opHref(project(c), c.first_divergence.key, { target: targetOf(c), run: c.id })}"><code>${esc(c.first_divergence.key)}</code></a>` : esc(c.error || "-")}</td></tr>`).join("")}
       </tbody></table>
     </section>
   </div>

@@ -64,6 +64,12 @@ export function setQuery(params) {
   history.replaceState(null, "", path + (q.toString() ? "?" + q : ""));
 }
 
+/** The target name of a comparison's target run (variant@device for comparisons made before run names). */
+export const targetOf = (c) => c.target_run?.target || `${c.target_variant}@${c.target_device}`;
+/** "ref-label → target-label" of a comparison, "-" when neither run has a label. */
+export const labelsOf = (c) => (c.reference_run?.label || c.target_run?.label
+  ? `${esc(c.reference_run?.label || "-")} → <b>${esc(c.target_run?.label || "-")}</b>` : "-");
+
 export const counts = (c) => Object.entries(c || {}).filter(([, n]) => n).map(([v, n]) => `<span class="count ${esc(v)}">${n} ${esc(v)}</span>`).join(" ");
 
 /** A pager under a paged table: "41-60 of 132" with previous/next; calls go(offset). */

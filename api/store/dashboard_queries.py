@@ -13,6 +13,7 @@ from sqlalchemy.orm import aliased
 
 from accuracy.bands import BandConfig, fit_band
 from accuracy.bundle import Bundle
+from accuracy.envdiff import category_of
 from accuracy.errors import OpbandError
 from accuracy.metrics import slot_bounds
 from api.dashboard_schemas import (
@@ -20,7 +21,7 @@ from api.dashboard_schemas import (
     HistoryPoint, HistorySeries, OpDetail, OpGroup, OpHistory, Overview, RegressionEventPublic, RunSide, TargetStatus,
 )
 from api.errors import InvalidInput, NotFound
-from api.schemas import SEVERITY_INF, ComparisonPublic, OpResultPublic, RegressionPublic
+from api.schemas import SEVERITY_INF, ComparisonPublic, EnvironmentChange, OpResultPublic, RegressionPublic, RunSummary
 from api.store.blobs import BlobStore
 from api.store.db import Database
 from api.store.models import (
@@ -28,51 +29,28 @@ from api.store.models import (
 )
 from api.store.queries import BAND_OF_METRIC, METRIC_COLUMNS, bundle_diff
 
-#: the environment/run fields behind each category of the comparison header's "what changed"
-CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("torch", ("torch", "python")),
-    ("driver", ("cuda", "cann", "driver", "rocm", "hip", "nccl", "device_name")),
-    ("op library", ("cudnn", "cublas", "mkl", "onednn", "mkldnn", "quantized_engine", "triton", "aclnn", "op_library",
-                    "kernel")),
-    ("threads", ("threads", "omp", "interop")),
-    ("flags", ("deterministic", "tf32", "float32_matmul_precision", "flags", "allow_", "benchmark")),
-    ("inputs", ("seed", "inputs", "input", "options", "spec")),
-    ("dtype", ("variant",)),
-    ("device", ("device", "cpu", "platform", "gpu", "npu")),
-    ("capture", ("level", "mode")),
-    ("code", ("git_commit", "git_branch")),
-)
 SEVERITY_CAP = 1000.0  # heatmap colour of non-finite outcomes (stored as SEVERITY_INF)
 
 
-def category_of(field: str) -> str:
-    """``environment.tf32_matmul`` -> ``flags``; the first category whose words the field's name holds."""
-    name = field.split(".", 1)[-1].lower()
-    for category, words in CATEGORIES:
-        if any(w == name or name.startswith(w) for w in words):
-            return category
-    return "other"
-
-
-def target_of(bundle: BundleRow) -> str:
-    """A run's target name: the one it was captured or uploaded with, else ``variant@device``."""
-    run = bundle.run or {}
-    named = run.get("target") if isinstance(run.get("target"), str) else None
-    return named or f"{bundle.variant}@{bundle.device}"
-
-
 def run_side(bundle: BundleRow) -> RunSide:
-    run = bundle.run or {}
-    tags = run.get("tags") if isinstance(run.get("tags"), dict) else {}
-    return RunSide(bundle_id=bundle.id, label=bundle.label, target=target_of(bundle), variant=bundle.variant,
-                   device=bundle.device, git_branch=bundle.git_branch, git_commit=bundle.git_commit, tags=tags,
-                   created_at=bundle.created_at)
+    return RunSide(bundle_id=bundle.id, label=bundle.label, target=bundle.target, variant=bundle.variant,
+                   device=bundle.device, git_branch=bundle.git_branch, git_commit=bundle.git_commit,
+                   tags=bundle.tags or {}, created_at=bundle.created_at)
 
 
 def comparison_public(c: Comparison) -> ComparisonPublic:
+    """As ``GET /comparisons/{id}`` answers: both runs named (label, target name, tags)."""
     out = ComparisonPublic.model_validate(c)
     out.target_variant, out.target_device = c.target.variant, c.target.device
+    out.reference_run, out.target_run = RunSummary.model_validate(c.reference), RunSummary.model_validate(c.target)
     return out
+
+
+def _tag_changes(a: BundleRow, b: BundleRow) -> list[EnvironmentChange]:
+    """Tags the two runs were given (CANN or driver version, op-library version ...) that differ."""
+    ta, tb = a.tags or {}, b.tags or {}
+    return [EnvironmentChange(field=f"tags.{k}", a=ta.get(k), b=tb.get(k))
+            for k in sorted(set(ta) | set(tb)) if ta.get(k) != tb.get(k)]
 
 
 def comparison_runs(db: Database, c: Comparison) -> ComparisonRuns:
@@ -81,7 +59,8 @@ def comparison_runs(db: Database, c: Comparison) -> ComparisonRuns:
         project = s.get(Project, c.project_id)
     assert project is not None
     diff = bundle_diff(c.reference, c.target)
-    changed = [EnvironmentChangeCategorized(**ch.model_dump(), category=category_of(ch.field)) for ch in diff.changed]
+    changed = [EnvironmentChangeCategorized(**ch.model_dump(), category=category_of(ch.field))
+               for ch in [*diff.changed, *_tag_changes(c.reference, c.target)]]
     categories = sorted({ch.category for ch in changed if ch.category != "code"})
     return ComparisonRuns(project=project.name, comparison=comparison_public(c), reference=run_side(c.reference), target=run_side(c.target),
                           changed=changed, same=diff.same, categories=categories)
@@ -132,12 +111,13 @@ def overview(db: Database, project: Project, recent: int = 10, window: int = 100
     latest: dict[str, TargetStatus] = {}
     seen: dict[str, int] = defaultdict(int)
     for c in rows:
-        t = target_of(c.target)
+        t = c.target.target
         seen[t] += 1
         if c.status == "done" and t not in latest:
             fd = (c.first_divergence or {}).get("key")
             latest[t] = TargetStatus(target=t, comparison_id=c.id, verdict=c.verdict, counts=c.counts or {},
-                                     label=c.target.label, first_divergence=fd, created_at=c.created_at, comparisons=0)
+                                     label=c.target.label, tags=c.target.tags or {}, first_divergence=fd,
+                                     created_at=c.created_at, comparisons=0)
     for t, status in latest.items():
         status.comparisons = seen[t]
     return Overview(project=project.name, public=project.public, targets=sorted(latest.values(), key=lambda x: x.target),
@@ -270,9 +250,10 @@ def heatmap(db: Database, project: Project, metric: str, target: str | None, run
     col = METRIC_COLUMNS[metric]
     with db.session() as s:
         q = select(Comparison).where(Comparison.project_id == project.id, Comparison.status == "done")
-        comps = list(s.scalars(q.order_by(Comparison.created_at.desc()).limit(runs if not target else 10 * runs)))
         if target:
-            comps = [c for c in comps if target_of(c.target) == target][:runs]
+            q = q.where(Comparison.target_id.in_(select(BundleRow.id).where(BundleRow.project_id == project.id,
+                                                                           BundleRow.target == target)))
+        comps = list(s.scalars(q.order_by(Comparison.created_at.desc()).limit(runs)))
         comps.reverse()
         ids = [c.id for c in comps]
         worst = s.execute(
@@ -295,7 +276,7 @@ def heatmap(db: Database, project: Project, metric: str, target: str | None, run
             v = SEVERITY_CAP if metric == "severity" else None
         z[pos[k]][at[cid]] = min(v, SEVERITY_CAP) if v is not None and metric == "severity" else v
         verdicts[pos[k]][at[cid]] = verdict
-    return Heatmap(metric=metric, runs=[HeatmapRun(comparison_id=c.id, created_at=c.created_at, target=target_of(c.target),
+    return Heatmap(metric=metric, runs=[HeatmapRun(comparison_id=c.id, created_at=c.created_at, target=c.target.target,
                                                    label=c.target.label, verdict=c.verdict) for c in comps],
                    ops=[HeatmapOp(key=k, op=o, index=i) for k, o, i in rows], z=z, verdicts=verdicts)
 
