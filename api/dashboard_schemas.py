@@ -115,6 +115,7 @@ class OpHistory(BaseModel):
     key: str
     op: str | None
     metric: str
+    targets: list[str] = Field(description="every target name this op has results for (the target filter's choices)")
     series: list[HistorySeries]
     accepted_in: list[AcceptedRun]
 

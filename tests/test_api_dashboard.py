@@ -78,6 +78,7 @@ def test_dashboard_endpoints(live_server: LiveServer, tmp_path: Path) -> None:
     # op history: the band at each point is the tolerance bound of the runs accepted before it
     hist = c.get("/api/v1/projects/p/op-history", params={"key": KEY(3)}).json()
     (series,) = hist["series"]
+    assert hist["targets"] == ["fp32@cpu"] and hist["op"] == "aten.mm"
     pts = series["points"]
     assert [p["comparison_id"] for p in pts] == quiet + [drift]
     assert [p["band"] is None for p in pts] == [True] * 5 + [False]  # five accepted runs are the minimum

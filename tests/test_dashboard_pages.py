@@ -253,6 +253,7 @@ def test_op_page_history_band_budget_histogram_and_stats(site: Site, page, artif
     assert detail["reference_stats"]["numel"] == detail["target_stats"]["numel"] == 256
     assert page.locator("#accepted tbody tr").count() == 6
     assert page.locator("#run-title .badge").inner_text() == "fail"
+    assert page.locator("#op-target option").all_inner_texts()[1:] == ["bf16@cpu", "fp32@cpu"]  # filtered, all listed
     _shot(page, artifacts_dir, "op")
     # clicking an earlier point selects that run
     page.goto(f"{site.server.url}/#/op/synth/{quote(key, safe='')}?target=fp32%40cpu&run={site.ids['synth_quiet_0']}")

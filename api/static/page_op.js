@@ -18,7 +18,7 @@ export async function render(view, r, ctx) {
   if (r.q.target) q.set("target", r.q.target);
   const hist = await api(`/projects/${enc(p)}/op-history?${q}`);
   if (ctx.stale()) return;
-  const targets = [...new Set(hist.series.map((s) => s.target))];
+  const targets = hist.targets;
   ctx.crumbs(`<a href="${projectHref(p)}">${esc(p)}</a> / op <code>${esc(key)}</code>`);
   const lastPoint = hist.series.flatMap((s) => s.points).sort((a, b) => a.created_at.localeCompare(b.created_at)).at(-1);
   let run = r.q.run || lastPoint?.comparison_id;
@@ -26,7 +26,7 @@ export async function render(view, r, ctx) {
   <section id="op-header">
     <h2><code>${esc(key)}</code> <small>${esc(hist.op || "")}</small></h2>
     <div class="filters">
-      <label>target <select id="op-target"><option value="">all targets (${targets.length})</option>${targets.map((t) => `<option>${esc(t)}</option>`).join("")}</select></label>
+      <label>target <select id="op-target"><option value="">every target (${targets.length})</option>${targets.map((t) => `<option>${esc(t)}</option>`).join("")}</select></label>
       <label>metric <select id="op-metric">${METRICS.map((m) => `<option>${m}</option>`).join("")}</select></label>
       <span class="legend"><span class="sw band"></span> band (learned from accepted runs) <span class="sw budget"></span> budget
         <span class="sw out">✕</span> out of band <span class="sw acc">◯</span> accepted in a baseline</span>

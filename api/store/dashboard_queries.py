@@ -143,6 +143,8 @@ def op_history(db: Database, project: Project, key: str, metric: str, target: st
         if target:
             sq = sq.where(Series.target == target)
         series = list(s.scalars(sq.order_by(Series.target, Series.shape_signature)))
+        targets = list(s.scalars(select(Series.target).where(Series.project_id == project.id, Series.key == key)
+                                 .distinct().order_by(Series.target)))
         if not series:
             raise NotFound(f"op {key!r} has no results in project {project.name!r}"
                            + (f" for target {target!r}" if target else ""))
@@ -183,7 +185,7 @@ def op_history(db: Database, project: Project, key: str, metric: str, target: st
                                      metric=metric, points=pts,
                                      regression=RegressionPublic.model_validate(reg) if reg else None))
     accepted_in.sort(key=lambda a: a.added_at, reverse=True)
-    return OpHistory(key=key, op=series[0].op, metric=metric, series=out, accepted_in=accepted_in)
+    return OpHistory(key=key, op=series[0].op, metric=metric, targets=targets, series=out, accepted_in=accepted_in)
 
 
 def histogram_bins(histogram: list[int]) -> list[HistogramBin]:
