@@ -172,6 +172,12 @@ def test_overview_targets_regressions_and_drift_include_first_divergences(site: 
     plotted = page.evaluate("document.getElementById('drift').data.reduce((n, t) => n + t.y.filter(v => v !== null).length, 0)")
     assert plotted == page.evaluate("window.opbandDriftPoints") > 0
     _shot(page, artifacts_dir, "overview")
+    # the old link form lands on the project's overview
+    page.goto(f"{site.server.url}/?project=synth")
+    page.wait_for_function("location.hash === '#/p/synth'")
+    page.wait_for_selector("#targets tr[data-target='fp32@cpu']")
+    page.goto(f"{site.server.url}/#/p/demo")
+    page.wait_for_selector("#targets tr[data-target='cpu/fp32-fastmath']")
     # three clicks from the overview: comparison -> first divergence's op page
     page.locator("#targets tr[data-target='cpu/fp32-fastmath'] a").first.click()
     page.wait_for_selector("#env-diff")
