@@ -179,7 +179,7 @@ def test_overview_targets_regressions_and_drift_include_first_divergences(site: 
     page.goto(f"{site.server.url}/#/p/demo")
     page.wait_for_selector("#targets tr[data-target='cpu/fp32-fastmath']")
     # three clicks from the overview: comparison -> first divergence's op page
-    page.locator("#targets tr[data-target='cpu/fp32-fastmath'] a").first.click()
+    page.locator("#targets tr[data-target='cpu/fp32-fastmath'] a[href^='#/comparison/']").click()
     page.wait_for_selector("#env-diff")
     assert "/comparison/" + site.ids["demo_bug"] in page.url
     assert page.locator(".run-card dd.label").all_inner_texts() == ["fp32-2threads", "fast-sigmoid"]
