@@ -65,7 +65,7 @@ class TargetStatus(BaseModel):
     tags: dict[str, Any] = Field(default_factory=dict, description="the target run's tags")
     first_divergence: str | None
     created_at: Timestamp
-    comparisons: int
+    runs: int = Field(description="runs (bundles) uploaded under this target name")
 
 
 class Overview(BaseModel):

@@ -50,8 +50,9 @@ def test_dashboard_endpoints(live_server: LiveServer, tmp_path: Path) -> None:
                                                      environment={"threads": 4})))
 
     ov = c.get("/api/v1/projects/p/overview").json()
-    assert [(t["target"], t["verdict"], t["comparison_id"], t["first_divergence"], t["comparisons"])
-            for t in ov["targets"]] == [("fp32@cpu", "fail", drift, KEY(3), 6)]
+    assert [(t["target"], t["verdict"], t["comparison_id"], t["first_divergence"], t["runs"])
+            for t in ov["targets"]] == [("fp32@cpu", "fail", drift, KEY(3), 7)]  # the reference and 6 targets
+    assert ov["comparisons"] == 6 and [c["id"] for c in ov["recent"]] == [drift, *quiet[::-1]]
     assert ov["open_regressions"] == 1 and ov["regressions"][0]["key"] == KEY(3)
 
     runs = c.get(f"/api/v1/comparisons/{drift}/runs").json()

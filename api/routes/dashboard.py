@@ -7,12 +7,22 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from api.dashboard_schemas import ComparisonRuns, Heatmap, OpDetail, OpGroups, OpHistory, Overview, RegressionEventPublic
-from api.routes.core import Limit, Offset, ProjectName, ServicesDep, TokenDep, _project_of_comparison, read_project
+from api.routes.core import Limit, Offset, ProjectName, ServicesDep, TokenDep, project_by_id, read_project
 from api.schemas import Page
+from api.services import Services
+from api.store.models import Comparison
 from api.store import dashboard_queries as dq
 from api.store import queries
 
 router = APIRouter(tags=["dashboard"])
+
+
+def readable_comparison(svc: Services, comparison_id: str, token: str | None) -> Comparison:
+    """The comparison, if the token may read its project."""
+    c = queries.get_comparison(svc.db, comparison_id)
+    read_project(svc, project_by_id(svc, c.project_id).name, token)
+    return c
+
 OpKey = Annotated[str, Query(min_length=1, max_length=1000, description="op key, e.g. model.layers.0.mlp/aten.mm#0")]
 
 
@@ -25,7 +35,7 @@ def overview(project: ProjectName, svc: ServicesDep, token: TokenDep) -> Overvie
 @router.get("/comparisons/{comparison_id}/runs", response_model=ComparisonRuns)
 def comparison_runs(comparison_id: str, svc: ServicesDep, token: TokenDep) -> ComparisonRuns:
     """Both runs of a comparison (labels, targets, devices, variants, tags) and their environment diff."""
-    return dq.comparison_runs(svc.db, _project_of_comparison(svc, comparison_id, token))
+    return dq.comparison_runs(svc.db, readable_comparison(svc, comparison_id, token))
 
 
 @router.get("/comparisons/{comparison_id}/op-groups", response_model=OpGroups)
@@ -38,7 +48,7 @@ def op_groups(
     sort: str = "worst", order: str = "desc", limit: Limit = 50, offset: Offset = 0,
 ) -> OpGroups:
     """Every op of a comparison, filtered and paged; inherited failures folded under their first divergence."""
-    _project_of_comparison(svc, comparison_id, token)
+    readable_comparison(svc, comparison_id, token)
     rows, count = queries.op_results(svc.db, comparison_id, op=op, module=module, verdict=verdict, search=search,
                                      inherited=False if fold else None, sort=sort, order=order,
                                      limit=limit, offset=offset)
@@ -48,7 +58,7 @@ def op_groups(
 @router.get("/comparisons/{comparison_id}/op", response_model=OpDetail)
 def op_detail(comparison_id: str, key: OpKey, svc: ServicesDep, token: TokenDep) -> OpDetail:
     """One op in one comparison: metrics, error histogram and quantiles, reference and target statistics."""
-    return dq.op_detail(svc.db, svc.store, _project_of_comparison(svc, comparison_id, token), key)
+    return dq.op_detail(svc.db, svc.store, readable_comparison(svc, comparison_id, token), key)
 
 
 @router.get("/projects/{project}/op-history", response_model=OpHistory)

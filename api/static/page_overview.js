@@ -13,13 +13,13 @@ export async function render(view, r, ctx) {
     <h2>${esc(p)} <small>${o.public ? "public" : "private"} · ${o.comparisons} comparisons</small></h2>
     <h3>Targets, latest verdict</h3>
     <table id="targets"><thead><tr><th>target</th><th>latest verdict</th><th>ops</th><th>first divergence</th>
-      <th>label</th><th>when</th><th>comparisons</th></tr></thead><tbody>
+      <th>label</th><th>when</th><th>runs</th></tr></thead><tbody>
       ${o.targets.map((t) => `<tr data-target="${esc(t.target)}">
         <td><b>${esc(t.target)}</b> <small><a href="${projectHref(p, "heatmap")}?target=${enc(t.target)}">heatmap</a> ·
           <a href="${projectHref(p)}?target=${enc(t.target)}">drift</a></small></td>
         <td><a href="${comparisonHref(t.comparison_id)}">${badge(t.verdict)}</a></td><td>${counts(t.counts)}</td>
         <td>${t.first_divergence ? `<a href="${opHref(p, t.first_divergence, { target: t.target, run: t.comparison_id })}"><code>${esc(t.first_divergence)}</code></a>` : "-"}</td>
-        <td>${esc(t.label || "-")}${Object.keys(t.tags || {}).length ? " " + Object.entries(t.tags).map(([k, v]) => `<span class="tag">${esc(k)}=${esc(v)}</span>`).join("") : ""}</td><td>${when(t.created_at)}</td><td class="num">${t.comparisons}</td></tr>`).join("")}
+        <td>${esc(t.label || "-")}${Object.keys(t.tags || {}).length ? " " + Object.entries(t.tags).map(([k, v]) => `<span class="tag">${esc(k)}=${esc(v)}</span>`).join("") : ""}</td><td>${when(t.created_at)}</td><td class="num">${t.runs}</td></tr>`).join("")}
     </tbody></table>
     ${o.targets.length ? "" : `<p class="empty">No finished comparisons yet: upload two bundles and compare them (<code>opband gate</code> or <code>opband demo</code>).</p>`}
   </section>

@@ -27,6 +27,7 @@ from api.store.db import Database
 from api.store.models import (
     Baseline, BaselineMember, BundleRow, Comparison, OpResultRow, Project, Regression, RegressionEvent, Series,
 )
+from api.store import queries
 from api.store.queries import BAND_OF_METRIC, METRIC_COLUMNS, bundle_diff
 
 SEVERITY_CAP = 1000.0  # heatmap colour of non-finite outcomes (stored as SEVERITY_INF)
@@ -98,31 +99,23 @@ def op_groups(db: Database, comparison_id: str, roots: list[OpResultRow], fold: 
     return out
 
 
-def overview(db: Database, project: Project, recent: int = 10, window: int = 1000) -> Overview:
+def overview(db: Database, project: Project, recent: int = 10) -> Overview:
     """Targets x their latest verdict, open regressions and the most recent comparisons of a project."""
+    targets = [t for t in queries.targets(db, project) if t.latest_comparison_id]  # target names that were compared
+    latest = {t.target: queries.get_comparison(db, t.latest_comparison_id) for t in targets if t.latest_comparison_id}
+    rows, total = queries.list_comparisons(db, project, recent, 0)
     with db.session() as s:
-        rows = list(s.scalars(select(Comparison).where(Comparison.project_id == project.id)
-                              .order_by(Comparison.created_at.desc()).limit(window)))
-        total = s.scalar(select(func.count()).where(Comparison.project_id == project.id)) or 0
         open_q = select(Regression).where(Regression.project_id == project.id,
                                           Regression.status.in_(("active", "acknowledged")))
         n_open = s.scalar(select(func.count()).select_from(open_q.subquery())) or 0
         regs = list(s.scalars(open_q.order_by(Regression.updated_at.desc()).limit(10)))
-    latest: dict[str, TargetStatus] = {}
-    seen: dict[str, int] = defaultdict(int)
-    for c in rows:
-        t = c.target.target
-        seen[t] += 1
-        if c.status == "done" and t not in latest:
-            fd = (c.first_divergence or {}).get("key")
-            latest[t] = TargetStatus(target=t, comparison_id=c.id, verdict=c.verdict, counts=c.counts or {},
-                                     label=c.target.label, tags=c.target.tags or {}, first_divergence=fd,
-                                     created_at=c.created_at, comparisons=0)
-    for t, status in latest.items():
-        status.comparisons = seen[t]
-    return Overview(project=project.name, public=project.public, targets=sorted(latest.values(), key=lambda x: x.target),
-                    open_regressions=n_open, regressions=[RegressionPublic.model_validate(r) for r in regs],
-                    recent=[comparison_public(c) for c in rows[:recent]], comparisons=total)
+    status = [TargetStatus(target=t.target, comparison_id=c.id, verdict=c.verdict, counts=c.counts or {},
+                           label=c.target.label, tags=c.target.tags or {},
+                           first_divergence=(c.first_divergence or {}).get("key"), created_at=c.created_at, runs=t.bundles)
+              for t in targets for c in [latest[t.target]]]
+    return Overview(project=project.name, public=project.public, targets=status, open_regressions=n_open,
+                    regressions=[RegressionPublic.model_validate(r) for r in regs],
+                    recent=[comparison_public(c) for c in rows], comparisons=total)
 
 
 def _finite(v: float | None) -> float | None:
