@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from urllib.parse import quote
 
 import httpx
 import numpy as np
