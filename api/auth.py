@@ -48,6 +48,14 @@ def create_token(db: Database, project: str, read_only: bool = False, name: str 
     return token
 
 
+def token_name(db: Database, token: str | None) -> str | None:
+    """The name a token was created with (``opband token create --name``), for the audit of who did what."""
+    if not token:
+        return None
+    with db.session() as s:
+        return s.scalar(select(Token.name).where(Token.token_hash == hash_token(token)))
+
+
 def authorize(db: Database, project_name: str, token: str | None, write: bool, auth_on: bool,
               create_missing: bool = False) -> Project:
     """The project a request may act on, or an error saying why not."""

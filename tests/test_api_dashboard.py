@@ -8,6 +8,9 @@ not the first divergence, although it is the worst op).
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -116,13 +119,19 @@ def test_dashboard_endpoints(live_server: LiveServer, tmp_path: Path) -> None:
     dev = c.post("/api/v1/projects/p/deviations", json={"key_pattern": KEY(3), "reason": "known", "author": "cy",
                                                        "expires_at": "2099-01-01T00:00:00Z"}).json()
     assert dev["accepted_regressions"] == 1
-    assert c.delete(f"/api/v1/projects/p/deviations/{dev['id']}").status_code == 204
+    bot = subprocess.run([sys.executable, "-m", "opband.cli", "token", "create", "--project", "p", "--name", "ci-bot",
+                          "--data-dir", str(live_server.data_dir)], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "OPBAND_DATABASE_URL": live_server.database_url}).stdout.strip()
+    assert c.delete(f"/api/v1/projects/p/deviations/{dev['id']}",
+                    headers={"Authorization": f"Bearer {bot}"}).status_code == 204  # re-opened by a named token
+    assert c.patch(f"/api/v1/regressions/{rid}", json={"status": "resolved", "note": "fixed upstream"}).status_code == 200
     events = c.get("/api/v1/projects/p/regression-events").json()
-    assert events["count"] == 3
-    assert [(e["status"], e["actor"], e["key"], e["target"]) for e in events["data"]] == [
-        ("active", "anonymous", KEY(3), "fp32@cpu"), ("accepted", "cy", KEY(3), "fp32@cpu"),
-        ("acknowledged", "bo", KEY(3), "fp32@cpu")]
-    assert events["data"][1]["expires_at"].startswith("2099-01-01") and events["data"][1]["deviation_id"] == dev["id"]
+    assert events["count"] == 4
+    assert [(e["status"], e["actor"], e["note"]) for e in events["data"]] == [
+        ("resolved", "anonymous", "fixed upstream"), ("active", "ci-bot", f"accepted deviation {dev['id']} withdrawn"),
+        ("accepted", "cy", "known"), ("acknowledged", "bo", None)]
+    assert {(e["key"], e["target"]) for e in events["data"]} == {(KEY(3), "fp32@cpu")}
+    assert events["data"][2]["expires_at"].startswith("2099-01-01") and events["data"][2]["deviation_id"] == dev["id"]
 
     # bad input: a clear 4xx, never a traceback
     assert c.get("/api/v1/projects/p/op-history", params={"key": "nope"}).status_code == 404

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from api.store import curation, queries
-from api.auth import authorize
+from api.auth import authorize, token_name
 from api.store.models import Project
 from api.routes.core import ProjectName, ServicesDep, TokenDep, project_by_id, read_project
 from api.schemas import (
@@ -71,7 +71,8 @@ def list_deviations(project: ProjectName, svc: ServicesDep, token: TokenDep,
 
 @router.delete("/projects/{project}/deviations/{deviation_id}", status_code=204)
 def delete_deviation(project: ProjectName, deviation_id: int, svc: ServicesDep, token: TokenDep) -> Response:
-    curation.delete_deviation(svc.db, write_project(svc, project, token), deviation_id)
+    curation.delete_deviation(svc.db, write_project(svc, project, token), deviation_id,
+                              token_name(svc.db, token) or "anonymous")
     return Response(status_code=204)
 
 
@@ -80,7 +81,8 @@ def update_regression(regression_id: int, body: RegressionUpdate, svc: ServicesD
     """Acknowledge (or re-open, accept, resolve) a regression."""
     reg = queries.get_regression(svc.db, regression_id)
     write_project(svc, project_by_id(svc, reg.project_id).name, token)
-    row = curation.set_regression_status(svc.db, regression_id, body.status, body.author or "anonymous", body.note)
+    actor = body.author or token_name(svc.db, token) or "anonymous"
+    row = curation.set_regression_status(svc.db, regression_id, body.status, actor, body.note)
     return RegressionPublic.model_validate(row)
 
 
