@@ -112,6 +112,9 @@ def test_dashboard_endpoints(live_server: LiveServer, tmp_path: Path) -> None:
     assert [o["key"] for o in hm["ops"]] == [KEY(i) for i in range(8)]
     assert {(i, j) for i, row in enumerate(hm["z"]) for j, v in enumerate(row) if v > 1} == {(3, 5), (5, 5)}
     assert hm["verdicts"][5][5] == "fail"
+    # ops that move together side by side: 3 and 5 drifted in the same run
+    similar = [o["key"] for o in c.get("/api/v1/projects/p/heatmap", params={"order": "similar"}).json()["ops"]]
+    assert sorted(similar) == [KEY(i) for i in range(8)] and abs(similar.index(KEY(3)) - similar.index(KEY(5))) == 1
 
     # the audit: who acknowledged, accepted (with expiry), and whose withdrawal re-opened it
     rid = ov["regressions"][0]["id"]

@@ -27,6 +27,7 @@ LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-ru
 #: the synthetic model: op 3 drifts in the last run, op 5 carries its error downstream (inherited)
 SYNTH_OPS = [SynthOp(f"model.layers.{i}.mlp", shape=(256,)) for i in range(8)]
 QUIET, DRIFT = 2e-7, 3e-2
+KEY3 = "model.layers.3.mlp/aten.mm#0"
 
 
 @dataclass
@@ -280,7 +281,16 @@ def test_heatmap_renders_the_apis_cells(site: Site, page, artifacts_dir: Path) -
     drawn = {(data["y"][i][13], j) for i, row in enumerate(data["z"]) for j, v in enumerate(row) if v > 0}
     assert drawn == over  # log10(severity) > 0 exactly where the API says the op was out of band
     assert page.evaluate("window.opbandHeatmap") == {"runs": 8, "ops": 8, "cells": 64}
+    page.select_option("#hm-order", "similar")  # ops that move together side by side: 3 and 5 drifted together
+    page.wait_for_function("location.hash.includes('order=similar')")
+    page.wait_for_function("document.getElementById('heatmap').data[0].y.join() !== %r" % ",".join(data["y"]))
+    rows = page.evaluate("document.getElementById('heatmap').data[0].y")
+    assert abs(rows.index(KEY3) - rows.index("model.layers.5.mlp/aten.mm#0")) == 1
     _shot(page, artifacts_dir, "heatmap")
+    page.evaluate("window.opbandHeatmap = undefined")
+    page.goto(f"{site.server.url}/#/p/synth/heatmap?order=similar")  # the permalink keeps the row order
+    page.wait_for_function("window.opbandHeatmap !== undefined")
+    assert page.evaluate("document.getElementById('heatmap').data[0].y") == rows
 
 
 def test_regression_actions_need_a_write_token_and_are_audited(site: Site, page, artifacts_dir: Path) -> None:

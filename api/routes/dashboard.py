@@ -71,9 +71,11 @@ def op_history(project: ProjectName, key: OpKey, svc: ServicesDep, token: TokenD
 @router.get("/projects/{project}/heatmap", response_model=Heatmap)
 def heatmap(project: ProjectName, svc: ServicesDep, token: TokenDep, metric: str = "severity",
             target: str | None = None, runs: Annotated[int, Query(ge=1, le=200)] = 30,
-            ops: Annotated[int, Query(ge=1, le=500)] = 60) -> Heatmap:
+            ops: Annotated[int, Query(ge=1, le=500)] = 60,
+            order: Annotated[str, Query(description="execution (where drift starts) or similar (ops that move "
+                                                    "together side by side)")] = "execution") -> Heatmap:
     """Ops x the latest comparisons, coloured by severity: where drift started and which ops move together."""
-    return dq.heatmap(svc.db, read_project(svc, project, token), metric, target, runs, ops)
+    return dq.heatmap(svc.db, read_project(svc, project, token), metric, target, runs, ops, order)
 
 
 @router.get("/projects/{project}/regression-events", response_model=Page[RegressionEventPublic])

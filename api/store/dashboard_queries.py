@@ -30,7 +30,8 @@ from api.store.models import (
 from api.store import queries
 from api.store.queries import BAND_OF_METRIC, METRIC_COLUMNS, bundle_diff
 
-SEVERITY_CAP = 1000.0  # heatmap colour of non-finite outcomes (stored as SEVERITY_INF)
+SEVERITY_CAP = 1000.0
+HEATMAP_ORDERS = ("execution", "similar")  # heatmap colour of non-finite outcomes (stored as SEVERITY_INF)
 
 
 def run_side(bundle: BundleRow) -> RunSide:
@@ -237,9 +238,13 @@ def op_detail(db: Database, store: BlobStore, c: Comparison, key: str) -> OpDeta
                     quantiles=dict(metrics.get("quantiles") or {}), reference_stats=stats[0], target_stats=stats[1])
 
 
-def heatmap(db: Database, project: Project, metric: str, target: str | None, runs: int, ops: int) -> Heatmap:
-    """Ops x the last ``runs`` finished comparisons: the ``ops`` ops that were worst in that window, in
-    execution order, coloured by ``metric`` (severity: value / limit of the worst metric)."""
+def heatmap(db: Database, project: Project, metric: str, target: str | None, runs: int, ops: int,
+            order: str = "execution") -> Heatmap:
+    """Ops x the last ``runs`` finished comparisons: the ``ops`` ops that were worst in that window,
+    coloured by ``metric`` (severity: value / limit of the worst metric). Rows in execution order (where
+    drift starts reads top-down), or with ``order="similar"`` ops that move together next to each other."""
+    if order not in HEATMAP_ORDERS:
+        raise InvalidInput(f"order must be one of {list(HEATMAP_ORDERS)}, not {order!r}")
     if metric not in METRIC_COLUMNS:
         raise InvalidInput(f"metric must be one of {sorted(METRIC_COLUMNS)}, not {metric!r}")
     col = METRIC_COLUMNS[metric]
@@ -271,9 +276,25 @@ def heatmap(db: Database, project: Project, metric: str, target: str | None, run
             v = SEVERITY_CAP if metric == "severity" else None
         z[pos[k]][at[cid]] = min(v, SEVERITY_CAP) if v is not None and metric == "severity" else v
         verdicts[pos[k]][at[cid]] = verdict
+    if order == "similar" and len(rows) > 2:
+        perm = similar_rows(z, log=metric not in ("cosine", "snr_db"))
+        rows, z, verdicts = [rows[i] for i in perm], [z[i] for i in perm], [verdicts[i] for i in perm]
     return Heatmap(metric=metric, runs=[HeatmapRun(comparison_id=c.id, created_at=c.created_at, target=c.target.target,
                                                    label=c.target.label, verdict=c.verdict) for c in comps],
                    ops=[HeatmapOp(key=k, op=o, index=i) for k, o, i in rows], z=z, verdicts=verdicts)
+
+
+def similar_rows(z: list[list[float | None]], log: bool = True) -> list[int]:
+    """A row order that puts ops whose values move together across runs next to each other: average-linkage
+    clustering of the rows (log10 of the values for error metrics; a run an op was not in counts as its mean)."""
+    from scipy.cluster.hierarchy import leaves_list, linkage
+
+    m = np.array([[np.nan if v is None else v for v in row] for row in z], dtype=np.float64)
+    if log:
+        m = np.log10(np.clip(m, 1e-12, None))
+    means = np.nanmean(np.where(np.isnan(m).all(axis=1, keepdims=True), 0.0, m), axis=1, keepdims=True)
+    m = np.where(np.isnan(m), means, m)
+    return [int(i) for i in leaves_list(linkage(m, method="average", metric="euclidean", optimal_ordering=True))]
 
 
 def regression_events(db: Database, project: Project, regression_id: int | None, limit: int,
