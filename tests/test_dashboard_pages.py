@@ -291,6 +291,11 @@ def test_heatmap_renders_the_apis_cells(site: Site, page, artifacts_dir: Path) -
     page.goto(f"{site.server.url}/#/p/synth/heatmap?order=similar")  # the permalink keeps the row order
     page.wait_for_function("window.opbandHeatmap !== undefined")
     assert page.evaluate("document.getElementById('heatmap').data[0].y") == rows
+    # a cell opens that op's page at that run (Plotly's click event, as a click on the cell emits it)
+    page.evaluate("el => el.emit('plotly_click', {points: [{y: %r, pointNumber: [%d, 6]}]})" % (KEY3, rows.index(KEY3)),
+                  page.locator("#heatmap").element_handle())
+    page.wait_for_function("location.hash.startsWith('#/op/synth/')")
+    assert f"run={site.ids['synth_drift']}" in page.url and "target=fp32%40cpu" in page.url
 
 
 def test_regression_actions_need_a_write_token_and_are_audited(site: Site, page, artifacts_dir: Path) -> None:
