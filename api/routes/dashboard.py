@@ -7,7 +7,8 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from api.dashboard_schemas import ComparisonRuns, Heatmap, OpDetail, OpGroups, OpHistory, Overview, RegressionEventPublic
-from api.routes.core import Limit, Offset, ProjectName, ServicesDep, TokenDep, project_by_id, read_project
+from api.limits import MAX_ROW_ID
+from api.routes.core import Limit, Offset, ProjectName, ServicesDep, TokenDep, read_project, readable
 from api.schemas import Page
 from api.services import Services
 from api.store.models import Comparison
@@ -15,15 +16,12 @@ from api.store import dashboard_queries as dq
 from api.store import queries
 
 router = APIRouter(tags=["dashboard"])
+OpKey = Annotated[str, Query(min_length=1, max_length=1000, description="op key, e.g. model.layers.0.mlp/aten.mm#0")]
 
 
 def readable_comparison(svc: Services, comparison_id: str, token: str | None) -> Comparison:
-    """The comparison, if the token may read its project."""
-    c = queries.get_comparison(svc.db, comparison_id)
-    read_project(svc, project_by_id(svc, c.project_id).name, token)
-    return c
-
-OpKey = Annotated[str, Query(min_length=1, max_length=1000, description="op key, e.g. model.layers.0.mlp/aten.mm#0")]
+    """The comparison, if the token may read its project (another project's gets the same 404 as a missing one)."""
+    return readable(svc, token, lambda: queries.get_comparison(svc.db, comparison_id), "comparison", comparison_id)
 
 
 @router.get("/projects/{project}/overview", response_model=Overview)
@@ -79,7 +77,7 @@ def heatmap(project: ProjectName, svc: ServicesDep, token: TokenDep, metric: str
 
 
 @router.get("/projects/{project}/regression-events", response_model=Page[RegressionEventPublic])
-def regression_events(project: ProjectName, svc: ServicesDep, token: TokenDep, regression: int | None = None,
+def regression_events(project: ProjectName, svc: ServicesDep, token: TokenDep, regression: Annotated[int | None, Query(ge=1, le=MAX_ROW_ID)] = None,
                       limit: Limit = 50, offset: Offset = 0) -> Page[RegressionEventPublic]:
     """Who acknowledged, accepted or re-opened which regression, and when (newest first)."""
     rows, count = dq.regression_events(svc.db, read_project(svc, project, token), regression, limit, offset)
