@@ -167,7 +167,7 @@ def main() -> None:
         goal_txt = f"<= {goal}x" if goal else "-"
         print(f"{level:7s} {mode:8s} {ratio:9.2f}x {of_medians:14.2f}x      {goal_txt:8s} {size}")
     if prints is not None and not args.no_fingerprints:
-        print(f"of every capture's time, parameter fingerprints (hooks.fingerprints: blake2b digest, sum, L2, absmax "
+        print(f"of every capture's time, parameter fingerprints (hooks.fingerprints: xxh3-128 digest, sum, L2, absmax "
               f"of every weight; capture(fingerprints=False) skips them): {prints * 1e3:.1f} ms = "
               f"{prints / med['plain']:.2f}x the plain forward")
     for level in levels:

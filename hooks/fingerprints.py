@@ -8,11 +8,11 @@ and absmax, which still compare across an honest dtype cast.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from typing import Any
 
 import torch
+import xxhash
 from torch.utils._pytree import tree_flatten_with_path, keystr
 
 from accuracy.manifest import TensorPrint
@@ -29,7 +29,7 @@ def tensor_print(t: torch.Tensor) -> TensorPrint | None:
         if data.device.type == "cpu":
             data = data.contiguous()
             raw = data.reshape(-1).view(torch.uint8).numpy().data if data.numel() else b""
-            digest = hashlib.blake2b(raw, digest_size=16).hexdigest()
+            digest = xxhash.xxh3_128_hexdigest(raw)  # ~12 GB/s here; blake2b's 0.4 GB/s cost a forward pass
         if data.device.type == "cpu" and data.dtype in _KERNEL_DTYPES and data.numel():
             return _kernel_print(t, data, digest)
         if data.is_complex():
