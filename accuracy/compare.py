@@ -149,7 +149,7 @@ def compare(
         if not is_golden(ref):
             raise OpbandError(
                 f"golden mode needs a float64 recomputation of the reference: the reference ({ref.path.name}, "
-                f"variant {ref.manifest.variant}) is not one. Make it with `opband capture SPEC --replay REF "
+                f"variant {ref.manifest.variant}) is not one. Make it with `opband capture --replay REF "
                 "--golden -o GOLD.bundle` and compare GOLD.bundle against the target (Python: golden=GOLD.bundle)")
         gold, ref = ref, _original_reference(ref)
     policy = budgets if isinstance(budgets, BudgetPolicy) else BudgetPolicy.from_config(budgets)
