@@ -1,9 +1,18 @@
-"""Pair the records of two bundles: by op key first, then by sequence inside each module.
+"""Pair the records of two bundles: module by module, by op, output, shape and position.
 
-Graphs differ between runs (an INT8 run calls ``quantized.linear_dynamic`` where fp32 calls
-``aten.addmm``; a fused attention kernel replaces a softmax + two bmm). Module boundaries always
-align, so records left over after the exact match are grouped by module path and paired by a
-sequence alignment (``difflib``) of their op names, where shapes agree.
+Graphs differ between runs. A bf16 port adds casts; an INT8 run calls ``quantized.linear_dynamic``
+where fp32 calls ``aten.addmm``; a port may compute attention through one fused SDPA op where the
+reference runs bmm/softmax/bmm. Module boundaries always align, so records are grouped by module
+path and paired inside each module:
+
+- identical op sequences (op, output index, shape) pair one for one;
+- otherwise casts and copies (``TRANSPARENT`` ops, which move data without changing what it
+  means) are set aside and the remaining sequences are aligned (``difflib``): equal runs pair,
+  and so does a one-for-one substitution of ops with as many elements (addmm -> linear_dynamic).
+  At the first insertion, deletion or uneven replacement the module's implementation differs:
+  from there on its ops hold different quantities even where names match (SDPA's bmm holds scaled
+  scores, the explicit bmm unscaled ones), so they stay unpaired and the module's output record
+  (``module/forward#N``, always paired by key) is the comparison.
 """
 
 from __future__ import annotations
@@ -13,6 +22,13 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from accuracy.manifest import Record
+
+#: Ops that move or convert data without changing what it means: inserting them does not move the
+#: other ops' position in the module's dataflow.
+TRANSPARENT = frozenset({
+    "aten._to_copy", "aten.to", "aten.copy", "aten.copy_", "aten.clone", "aten.contiguous", "aten._unsafe_view",
+    "aten.lift_fresh", "aten.lift_fresh_copy", "aten.detach", "aten.alias",
+})
 
 
 @dataclass(frozen=True)
@@ -35,56 +51,79 @@ class Unmatched:
 
 def align(reference: list[Record], target: list[Record]) -> tuple[list[Pair], list[Unmatched]]:
     """Align two record lists; every record ends up in exactly one pair or one Unmatched."""
-    by_id = {r.id: r for r in target}
-    pairs: list[Pair] = []
-    left_ref: list[Record] = []
-    for ref in reference:
-        tgt = by_id.pop(ref.id, None)
-        if tgt is None:
-            left_ref.append(ref)
-        else:
-            pairs.append(Pair(ref, tgt, "key"))
-    left_tgt = [t for t in target if t.id in by_id]
-    seq_pairs, unmatched = _align_by_module(left_ref, left_tgt)
-    pairs.extend(seq_pairs)
-    pairs.sort(key=lambda p: p.target.index)
-    return pairs, unmatched
-
-
-def _align_by_module(ref: list[Record], tgt: list[Record]) -> tuple[list[Pair], list[Unmatched]]:
     ref_groups: dict[str, list[Record]] = defaultdict(list)
     tgt_groups: dict[str, list[Record]] = defaultdict(list)
-    for r in ref:
+    for r in sorted(reference, key=lambda r: r.index):
         ref_groups[r.module].append(r)
-    for t in tgt:
+    for t in sorted(target, key=lambda t: t.index):
         tgt_groups[t.module].append(t)
     pairs: list[Pair] = []
     unmatched: list[Unmatched] = []
     for module in sorted(set(ref_groups) | set(tgt_groups)):
-        rs = sorted(ref_groups.get(module, []), key=lambda r: r.index)
-        ts = sorted(tgt_groups.get(module, []), key=lambda r: r.index)
-        if not ts:
-            unmatched += [Unmatched(r, "reference", f"module {module!r} has no such op in the target") for r in rs]
-            continue
-        if not rs:
-            unmatched += [Unmatched(t, "target", f"module {module!r} has no such op in the reference") for t in ts]
-            continue
-        matcher = difflib.SequenceMatcher(a=[r.op for r in rs], b=[t.op for t in ts], autojunk=False)
-        used_r: set[int] = set()
-        used_t: set[int] = set()
-        for tag, i1, i2, j1, j2 in matcher.get_opcodes():
-            if tag in ("equal", "replace"):
-                for i, j in zip(range(i1, i2), range(j1, j2), strict=False):
-                    if same_elements(rs[i], ts[j]) and rs[i].output == ts[j].output:
-                        pairs.append(Pair(rs[i], ts[j], "sequence"))
-                        used_r.add(i)
-                        used_t.add(j)
-        for i, r in enumerate(rs):
-            if i not in used_r:
-                unmatched.append(Unmatched(r, "reference", _reason(r, ts)))
-        for j, t in enumerate(ts):
-            if j not in used_t:
-                unmatched.append(Unmatched(t, "target", _reason(t, rs)))
+        p, u = _align_module(module, ref_groups.get(module, []), tgt_groups.get(module, []))
+        pairs += p
+        unmatched += u
+    pairs.sort(key=lambda p: p.target.index)
+    return pairs, unmatched
+
+
+def _token(r: Record) -> tuple[str, int, tuple[int, ...]]:
+    return (r.op, r.output, tuple(r.shape))
+
+
+def _pair(r: Record, t: Record) -> Pair:
+    return Pair(r, t, "key" if r.id == t.id else "sequence")
+
+
+def _align_module(module: str, rs: list[Record], ts: list[Record]) -> tuple[list[Pair], list[Unmatched]]:
+    if not ts:
+        return [], [Unmatched(r, "reference", f"module {module!r} has no such op in the target") for r in rs]
+    if not rs:
+        return [], [Unmatched(t, "target", f"module {module!r} has no such op in the reference") for t in ts]
+    if [_token(r) for r in rs] == [_token(t) for t in ts]:  # the common case: same ops, same order
+        return [_pair(r, t) for r, t in zip(rs, ts, strict=True)], []
+    pairs: list[Pair] = []
+    # the module's own output records: the module boundary, paired by key whatever happens inside
+    mod_t = {t.id: t for t in ts if t.kind == "module"}
+    for r in (r for r in rs if r.kind == "module"):
+        t = mod_t.pop(r.id, None)
+        if t is not None and same_elements(r, t):
+            pairs.append(_pair(r, t))
+    # casts and copies: paired by key where both sides have them alike, else left over
+    side_t = {t.id: t for t in ts if t.kind != "module" and t.op in TRANSPARENT}
+    for r in (r for r in rs if r.kind != "module" and r.op in TRANSPARENT):
+        t = side_t.get(r.id)
+        if t is not None and _token(t) == _token(r):
+            pairs.append(_pair(r, side_t.pop(r.id)))
+    core_r = [r for r in rs if r.kind != "module" and r.op not in TRANSPARENT]
+    core_t = [t for t in ts if t.kind != "module" and t.op not in TRANSPARENT]
+    changed_at: tuple[int, int] | None = None
+    matcher = difflib.SequenceMatcher(a=[_token(r) for r in core_r], b=[_token(t) for t in core_t], autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            pairs += [_pair(core_r[i], core_t[j]) for i, j in zip(range(i1, i2), range(j1, j2), strict=True)]
+        elif tag == "replace" and i2 - i1 == j2 - j1 and all(
+                same_elements(core_r[i], core_t[j]) and core_r[i].output == core_t[j].output
+                for i, j in zip(range(i1, i2), range(j1, j2), strict=True)):
+            pairs += [Pair(core_r[i], core_t[j], "sequence") for i, j in zip(range(i1, i2), range(j1, j2), strict=True)]
+        else:
+            changed_at = (i1, j1)
+            break
+    paired = {id(p.reference) for p in pairs} | {id(p.target) for p in pairs}
+    unmatched = []
+    for side, records, others, start in (("reference", rs, ts, changed_at[0] if changed_at else None),
+                                         ("target", ts, rs, changed_at[1] if changed_at else None)):
+        core = core_r if side == "reference" else core_t
+        after = {id(x) for x in core[start:]} if start is not None else set()
+        for rec in records:
+            if id(rec) in paired:
+                continue
+            if id(rec) in after:
+                reason = (f"the implementation of module {module!r} differs from {core[start].op} on: its ops hold other "
+                          "quantities, so the module's output is the comparison")
+            else:
+                reason = _reason(rec, others)
+            unmatched.append(Unmatched(rec, side, reason))
     return pairs, unmatched
 
 

@@ -2,7 +2,7 @@
 
 Pure code, no I/O beyond reading a history file. The method (``docs/bands.md``):
 
-1. History is grouped by (op key, input-shape signature, dtype, target); a group with fewer than
+1. History is grouped by (op key and output, input-shape signature, dtype, target); a group with fewer than
    ``min_history`` finite values falls back to the op type (op name instead of op key); with
    still too few the caller falls back to the dtype budget.
 2. Values are floored at ``floor = FLOOR_U * u(dtype)`` and logged: error metrics are positive
@@ -185,7 +185,8 @@ class History:
         by_type: dict[HistoryKey, list[Mapping[str, Any]]] = defaultdict(list)
         for i, r in enumerate(results):
             try:
-                key = (str(r["key"]), str(r.get("shape_signature", "")), str(r["dtype"]), str(r.get("target", "")))
+                suffix = _output_suffix(r.get("output"))
+                key = (str(r["key"]) + suffix, str(r.get("shape_signature", "")), str(r["dtype"]), str(r.get("target", "")))
                 metrics = r["metrics"]
             except (KeyError, TypeError) as e:
                 raise ConfigError(f"history result {i} lacks {e}: each needs key, dtype and metrics") from e
@@ -193,7 +194,7 @@ class History:
                 raise ConfigError(f"history result {i}: metrics must be an object")
             by_key[key].append(metrics)
             if r.get("op"):
-                by_type[(str(r["op"]), key[1], key[2], key[3])].append(metrics)
+                by_type[(str(r["op"]) + suffix, key[1], key[2], key[3])].append(metrics)
         out.by_key, out.by_type = dict(by_key), dict(by_type)
         return out
 
@@ -205,6 +206,15 @@ class History:
             return own, "op"
         pooled = self.by_type.get((op, signature, dtype, target), [])
         return (pooled, "op type") if len(pooled) > len(own) else (own, "op")
+
+
+def _output_suffix(output: Any) -> str:
+    """Bands are kept per output of a multi-output op: ``key:N`` for output N > 0 (as record ids)."""
+    try:
+        n = int(output or 0)
+    except (TypeError, ValueError):
+        return ""
+    return f":{n}" if n > 0 else ""
 
 
 def metric_value(metrics: Mapping[str, Any], name: str) -> float:

@@ -11,17 +11,20 @@ from __future__ import annotations
 
 import math
 import os
+
+import numpy as np
 from pathlib import Path
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from accuracy.align import Pair, Unmatched, align, same_elements
 from accuracy.bands import BandCheck, BandConfig, History, bands_for, benjamini_hochberg
-from accuracy.budgets import Budget, BudgetPolicy, effective_dtype, reduction_length
+from accuracy.budgets import DTYPE_MAX, Budget, BudgetPolicy, auxiliary_output, judged_dtype, precision_trap, reduction_length
 from accuracy.bundle import Bundle
 from accuracy.errors import BundleError, OpbandError
 from accuracy.divergence import dataflow, mark_first_divergence
+from accuracy.fingerprints import ParameterDifference, input_difference, parameter_differences
 from accuracy.manifest import Record, shape_signature
 from accuracy.metrics import Metrics, compare_arrays, compare_discrete, compare_stats, is_float_dtype
 from accuracy.verdicts import (
@@ -56,6 +59,8 @@ class OpResult:
     p_value: float | None = None  # band mode: Bonferroni over the op's metrics, before FDR control
     reference_metrics: Metrics | None = None  # golden mode: the reference against the golden
     golden_ratio: float | None = None  # golden mode: target error / reference error
+    finding: str | None = None  # e.g. a precision trap: "computed in bfloat16, reference float32, run declared fp32"
+    auxiliary: str | None = None  # what a by-product output is ("saved mean", "indices"): reported, never failing alone
     layouts: tuple[str, str] | None = None  # (reference, target) memory layouts when they differ
 
     @property
@@ -103,6 +108,8 @@ class ComparisonReport:
     counts: dict[str, int] = field(default_factory=dict)
     golden: dict[str, Any] | None = None
     history: dict[str, Any] | None = None
+    parameters: list[ParameterDifference] = field(default_factory=list)  # parameters that differ: findings
+    notes: list[str] = field(default_factory=list)  # what was not judged, and why
 
     def __bool__(self) -> bool:
         return self.verdict != "fail"
@@ -157,9 +164,17 @@ def compare(
     cfg = band_config or BandConfig()
     tname = target_id or target_name(tgt)
     replayed = bool(tgt.manifest.run.get("replay_of") or tgt.manifest.run.get("replay"))
+    _check_same_model(ref, tgt, replayed)
+    different = input_difference(ref.manifest.fingerprints, tgt.manifest.fingerprints)
+    if different:
+        raise OpbandError(
+            f"the two runs had different inputs: {different}. Every op would differ alike; capture both runs "
+            "on the same inputs (same SPEC, seed and data) and compare again")
     ref_records = ref.records
-    if replayed:  # a replay re-runs the reference's ATen ops only: its module records have no counterpart
-        ref_records = [r for r in ref.records if r.kind == "aten"]
+    if replayed:  # a replay re-runs the reference's ops only: records of kinds it never produces (module
+        # outputs) have no counterpart; an op sweep's targets re-run its aten and api (torch.*) cases
+        kinds = {t.kind for t in tgt.records} - {"module", "grad"} or {"aten"}
+        ref_records = [r for r in ref.records if r.kind in kinds]
     blocks = (tgt.manifest.run.get("compile") or {}).get("blocks")
     if blocks:  # a compiled target records its blocks' outputs, not what runs inside them
         ref_records = [r for r in ref_records if not inside_compiled(r, blocks)]
@@ -184,15 +199,66 @@ def compare(
     alias = {p.target.id: p.reference.id for p in pairs if p.target.id != p.reference.id}
     graph = {alias.get(k, k): [alias.get(i, i) for i in v] for k, v in dataflow(tgt.records).items()}
     first = mark_first_divergence(results, local_everywhere, graph)
+    diffs, note = ([], None) if replayed else parameter_differences(
+        ref.manifest.fingerprints, tgt.manifest.fingerprints, tgt.manifest.variant)
+    first = _parameter_divergence(results, diffs) or first
     counts = {v: sum(1 for r in results if r.verdict == v) for v in VERDICT_ORDER}
     return ComparisonReport(
         reference=_side(ref), target=_side(tgt), mode=mode, ops=results, unmatched=unmatched,
         first_divergence=first, verdict=worst_verdict([r.verdict for r in results]), counts=counts,
         golden=_side(gold) if gold is not None else None,
         history={"target": tname, "ops_with_bands": sum(1 for r in results if r.bands)} if hist is not None else None,
+        parameters=diffs, notes=[note] if note else [],
     )
 
 
+#: Below this share of the reference's modules found in the target, two runs are not the same model.
+SAME_MODEL_SHARE = 0.5
+
+
+def _check_same_model(ref: Bundle, tgt: Bundle, replayed: bool) -> None:
+    """Refuse (exit 2) two runs whose module structures do not align: a comparison would only list failures."""
+    if replayed:
+        return
+    mods_r = {r.module for r in ref.records if r.kind == "module"}
+    mods_t = {r.module for r in tgt.records if r.kind == "module"}
+    if len(mods_r) < 2 or not mods_t:
+        return
+    shared = mods_r & mods_t
+    if len(shared) >= SAME_MODEL_SHARE * len(mods_r):
+        return
+    only_r = sorted(mods_r - mods_t)[:3]
+    only_t = sorted(mods_t - mods_r)[:3]
+    raise OpbandError(
+        f"the two runs are not the same model: only {len(shared)} of the reference's {len(mods_r)} modules exist in "
+        f"the target (reference-only: {', '.join(only_r)}; target-only: {', '.join(only_t) or 'none'}). "
+        "Compare captures of the same model code (same SPEC), with the same module names")
+
+
+def _parameter_divergence(results: list[OpResult], diffs: list[ParameterDifference]) -> OpResult | None:
+    """The first divergence when parameters differ: inside the earliest-running module whose parameters
+    differ, its earliest local out-of-band op, else its own output record, marked failing with the finding."""
+    def inside(r: OpResult, module: str) -> bool:
+        return r.aligned_by != "none" and (r.module == module or r.module.startswith(module + ".") or not module)
+
+    best: tuple[int, str, list[ParameterDifference]] | None = None
+    for module in {d.module for d in diffs}:
+        idx = [r.index for r in results if inside(r, module)]
+        if idx and (best is None or min(idx) < best[0]):
+            best = (min(idx), module, [d for d in diffs if d.module == module])
+    if best is None:
+        return None
+    _, module, own = best
+    words = "; ".join(d.sentence for d in own)
+    members = [r for r in results if inside(r, module)]
+    bad = [r for r in members if r.verdict in ("fail", "warn") and not r.inherited and r.kind != "module"]
+    own_record = [r for r in members if r.kind == "module" and r.module == module]
+    chosen = min(bad, key=lambda r: r.index) if bad else (own_record or sorted(members, key=lambda r: r.index))[0]
+    if chosen.verdict not in ("fail", "warn"):
+        chosen.reason = f"parameters differ ({chosen.reason})"
+    chosen.verdict, chosen.inherited = "fail", False
+    chosen.finding = f"{chosen.finding}; {words}" if chosen.finding else words
+    return chosen
 def inside_compiled(r: Record, blocks: Iterable[str]) -> bool:
     """Whether a record lies inside a compiled block (``hooks.compiled``): an op of the block or of a
     module under it, or a module under it. The block's own output is observable."""
@@ -230,7 +296,7 @@ def _open(x: str | os.PathLike[str] | Bundle) -> Bundle:
 
 
 def _side(b: Bundle) -> dict[str, Any]:
-    return {"path": str(b.path), "run": b.manifest.run, "records": len(b.records)}
+    return {"path": str(b.path), "run": b.manifest.run, "environment": b.manifest.environment, "records": len(b.records)}
 
 
 @dataclass
@@ -251,6 +317,12 @@ class _Context:
         if r.layout != t.layout:  # values are stored in logical order: the comparison is by logical index
             result.layouts = (r.layout, t.layout)
             result.reason += f" (layouts differed: reference {r.layout}, target {t.layout}; compared by logical index)"
+        aux = auxiliary_output(result.op, result.output)
+        if aux is not None:
+            result.auxiliary = aux
+            if result.verdict in ("fail", "warn"):
+                result.reason = f"auxiliary output ({aux}), reported, not judged alone: {result.reason}"
+                result.verdict = "pass"
         return result
 
     def _judge_values(self, pair: Pair) -> OpResult:
@@ -275,10 +347,11 @@ class _Context:
             verdict = "fail" if metrics.mismatches else "pass"
             reason = f"{metrics.mismatches} of {metrics.numel} elements differ" if metrics.mismatches else "all elements equal"
             return OpResult(**base, metrics=metrics, verdict=verdict, reason=reason, budget=Budget(0.0, 1.0, "exact"))
-        dtype = effective_dtype(t.dtype, self.variant, self.mode)
+        dtype = judged_dtype(r.dtype, t.dtype, self.variant, self.mode)
         k = reduction_length(t.op, t.input_shapes, t.shape)
         budget = self.policy.budget(r.key, t.op, t.kind, dtype, "replay" if self.mode == "golden" else self.mode, k)
-        result = OpResult(**base, metrics=metrics, verdict="pass", reason="", budget=budget, reference_metrics=ref_metrics)
+        result = OpResult(**base, metrics=metrics, verdict="pass", reason="", budget=budget, reference_metrics=ref_metrics,
+                          finding=precision_trap(r.dtype, t.dtype, self.variant))
         if self.history is not None and self._judge_history(result, dtype):
             return result
         if ref_metrics is not None:
@@ -289,6 +362,8 @@ class _Context:
                 result.reason += " (no golden record: judged against the reference)"
             elif gold is not None:
                 result.reason += " (vs fp64 golden; no reference outputs to compare its error with)"
+        if result.finding:
+            result.reason += f"; {result.finding}"
         return result
 
     def _golden_record(self, r: Record) -> Record | None:
@@ -302,7 +377,8 @@ class _Context:
     def _judge_history(self, result: OpResult, dtype: str) -> bool:
         """Judge against bands when there is enough history; False to fall back to the budget."""
         assert self.history is not None and result.metrics is not None
-        bands, runs, nonfinite = bands_for(self.history, result.key, result.op, result.shape_signature,
+        op_id = result.op if result.output == 0 else f"{result.op}:{result.output}"  # bands per output
+        bands, runs, nonfinite = bands_for(self.history, result.id, op_id, result.shape_signature,
                                            result.dtype, self.target, self.config)
         categorical = judge_nonfinite_history(result.metrics, runs, nonfinite) if runs >= self.config.min_history else None
         if categorical is not None:
@@ -346,10 +422,21 @@ def _measure(ref: Bundle | None, tgt: Bundle, r: Record | None, t: Record) -> Me
         if not is_float_dtype(r.dtype) or not is_float_dtype(t.dtype):
             return compare_discrete(ref.iter_chunks(r.tensor), tgt.iter_chunks(t.tensor))
         absmax = r.stats.absmax if r.stats and r.stats.absmax is not None else None
-        return compare_arrays(ref.iter_chunks(r.tensor), tgt.iter_chunks(t.tensor), t.dtype, absmax)
+        ref_chunks, tgt_chunks = ref.iter_chunks(r.tensor), tgt.iter_chunks(t.tensor)
+        top = DTYPE_MAX.get(t.dtype)
+        if top is not None and absmax is not None and absmax > top:  # beyond the target's range: compare clipped
+            ref_chunks, tgt_chunks = _clipped(ref_chunks, top), _clipped(tgt_chunks, top)
+            absmax = top
+        return compare_arrays(ref_chunks, tgt_chunks, t.dtype, absmax)
     if r.stats and t.stats:
         return compare_stats(r.stats, t.stats, t.dtype)
     return None
+
+
+def _clipped(chunks: Iterable[Any], top: float) -> Iterator[Any]:
+    """Chunks with finite values beyond +-top (and +-inf) clipped to +-top; NaN stays NaN."""
+    for c in chunks:
+        yield np.clip(c, -top, top)
 
 
 def _unmatched_result(u: Unmatched) -> OpResult:

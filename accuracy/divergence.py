@@ -7,6 +7,11 @@ otherwise *inherited*. Without one, errors are assumed to flow forward in execut
 earliest out-of-band op (ATen records preferred, since they name the op) is the first divergence
 and every later out-of-band op is inherited. In replay mode every op ran on the reference's
 inputs, so every failure is local.
+
+Unmatched target ops (the casts and copies a port adds) carry no verdict: the walk follows data
+through them to the measured ops that fed them. ATen ops are preferred as the first divergence
+since they name the op, but a failing module output none of whose own ops is out of band (its
+inner ops ran another implementation and were left unpaired) is a candidate too.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ AMPLIFICATION = 64.0
 class Judged(Protocol):
     verdict: str
     kind: str
+    module: str
     index: int
     inherited: bool
     aligned_by: str
@@ -48,7 +54,7 @@ def mark_first_divergence(results: Sequence[Judged], local_everywhere: bool,
     elif inputs_of:
         local = []
         for r in bad:
-            ins = [by_id[i] for i in inputs_of.get(r.id, ()) if i in by_id and i != r.id]
+            ins = [by_id[i] for i in _measured_inputs(r.id, inputs_of, by_id)]
             bad_in = [i for i in ins if _bad(i)]
             worst_in = max((i.error for i in bad_in), default=0.0)
             r.inherited = bool(bad_in) and r.error <= AMPLIFICATION * worst_in
@@ -57,10 +63,7 @@ def mark_first_divergence(results: Sequence[Judged], local_everywhere: bool,
         local = local or bad
     else:
         local = bad
-    # an op rather than the module around it, unless nothing inside the module was recorded (a
-    # torch.compile'd block, a module-level capture): then its output is the finest observable
-    covered = {m for r in results if r.kind != "module" for m in _ancestors(r.module)}
-    preferred = [r for r in local if r.kind != "module" or r.module not in covered] or local
+    preferred = [r for r in local if r.kind != "module" or _unexplained(r, bad)] or local
     first = min(preferred, key=lambda r: r.index)
     if not local_everywhere and not inputs_of:
         for r in bad:
@@ -68,10 +71,30 @@ def mark_first_divergence(results: Sequence[Judged], local_everywhere: bool,
     return first
 
 
-def _ancestors(module: str) -> list[str]:
-    """``a.b.c`` -> ``["", "a", "a.b", "a.b.c"]``."""
-    parts = module.split(".") if module else []
-    return [""] + [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+def _measured_inputs(rid: str, inputs_of: Mapping[str, Sequence[str]], by_id: Mapping[str, Judged]) -> list[str]:
+    """The inputs of ``rid`` that were measured, following data through unmatched ops (the casts and
+    copies a target adds: an fp32 op fed by a bf16 cast of a failing op inherits that failure)."""
+    out: list[str] = []
+    todo = [i for i in inputs_of.get(rid, ()) if i != rid]
+    seen: set[str] = {rid}
+    while todo:
+        i = todo.pop()
+        if i in seen or i not in by_id:
+            continue
+        seen.add(i)
+        if by_id[i].aligned_by == "none":
+            todo.extend(inputs_of.get(i, ()))
+        else:
+            out.append(i)
+    return out
+
+
+def _unexplained(module_result: Judged, bad: Sequence[Judged]) -> bool:
+    """A failing module output none of whose own ops is out of band (they ran another implementation,
+    or were not captured): the module boundary is where its error shows, so it is a candidate itself."""
+    name = module_result.module
+    return not any(r.kind != "module" and r.index < module_result.index
+                   and (r.module == name or r.module.startswith(name + ".") or not name) for r in bad)
 
 
 def dataflow(records: Sequence[object]) -> dict[str, list[str]]:

@@ -45,6 +45,9 @@ def judge_budget(m: Metrics, budget: Budget) -> tuple[str, str]:
         return "fail", bad
     err, limit = m.norm_l2, budget.norm_l2
     what = "summary norm L2 err" if m.source == "summary" else "norm L2 err"
+    if err > limit and budget.atol > 0 and m.source == "tensor" and m.rmse <= budget.atol:
+        return "pass", (f"RMS err {m.rmse:.1e} <= absolute floor {budget.atol:.1e} ({budget.source}): values near the "
+                        f"dtype's underflow range, where {what} {err:.1e} says nothing")
     if err <= limit and m.cosine >= budget.cosine_min:
         return "pass", f"{what} {err:.1e} <= budget {limit:.1e} ({budget.source})"
     if err <= limit * WARN_FACTOR and m.cosine >= budget.cosine_min:

@@ -19,9 +19,10 @@ from typing import Any
 
 import torch
 
-from accuracy.manifest import Record
+from accuracy.manifest import Fingerprints, Record
 from hooks import distributed
 from hooks.environment import environment
+from hooks.fingerprints import input_prints, parameter_prints
 from hooks.intrusive import intrusive_ops
 from hooks.modes import ApiMode, AtenMode, ModuleHooks
 from hooks.recorder import Recorder
@@ -46,6 +47,7 @@ class CaptureOptions:
     steps: list[int] | None = None  # capture only these steps (``cap.step()`` ends a step); None = all
     run: dict[str, Any] = field(default_factory=dict)
     progress: bool | None = None  # None: only when stderr is a TTY
+    fingerprints: bool = True  # digests of the model's inputs (first call) and parameters, for compare
 
     def validate(self) -> None:
         if self.level not in LEVELS:
@@ -78,9 +80,15 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
         self._hooks: ModuleHooks | None = None
         self._mode: AtenMode | ApiMode | None = None
         self._recorder: Recorder | None = None
+        self._prints = Fingerprints()
+        self._input_hook: Any = None
+        self._aborted = False
 
     def __enter__(self) -> capture:
         rec = self._recorder = Recorder(self.path, self.options)
+        self._prints = Fingerprints()
+        if self.options.fingerprints:
+            self._fingerprint_model(rec)
         self._hooks = ModuleHooks(self.model, rec)
         self._hooks.install()
         if self.options.level == "aten":
@@ -91,11 +99,36 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
             self._mode.__enter__()
         return self
 
+    def _fingerprint_model(self, rec: Recorder) -> None:
+        """Parameters now (as loaded); inputs at the model's first call. Failures become diagnostics."""
+        try:
+            self._prints.parameters = parameter_prints(self.model)
+        except Exception as e:  # noqa: BLE001 - capture must never break the user's run
+            rec.diagnose(None, f"parameter fingerprints: {type(e).__name__}: {e}")
+
+        def first_call(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            if self._prints.inputs or rec.busy:
+                return
+            rec.busy = True  # the fingerprint's own ops are not the model's
+            try:
+                with torch._C._DisableTorchDispatch():
+                    self._prints.inputs = input_prints(args, kwargs)
+            except Exception as e:  # noqa: BLE001
+                rec.diagnose(None, f"input fingerprints: {type(e).__name__}: {e}")
+            finally:
+                rec.busy = False
+
+        self._input_hook = self.model.register_forward_pre_hook(first_call, with_kwargs=True)
+
     def step(self) -> int:
         """Mark the end of one training/inference step; returns the number of the next step."""
         assert self._recorder is not None, "call step() inside the with block"
         self._recorder.set_step(self._recorder.step + 1)
         return self._recorder.step
+
+    def abort(self) -> None:
+        """Discard this capture: no bundle is written when the block exits."""
+        self._aborted = True
 
     @contextmanager
     def paused(self) -> Iterator[None]:
@@ -126,9 +159,12 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
             self._mode = None
         if self._hooks is not None:
             self._hooks.remove()
+        if self._input_hook is not None:
+            self._input_hook.remove()
+            self._input_hook = None
         rec = self._recorder
         assert rec is not None
-        if exc_type is not None and not isinstance(exc, Exception):
+        if self._aborted or (exc_type is not None and not isinstance(exc, Exception)):
             rec.abort()  # KeyboardInterrupt / SystemExit: leave no bundle behind
             return
         if exc_type is not None:
@@ -140,7 +176,8 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
             run["distributed"] = self.distributed
         if opts.steps is not None or rec.step:
             run["steps"] = {"selected": opts.steps, "seen": rec.step + 1}
-        self.bundle_path = rec.finish(run, environment(opts.run.get("device")))
+        prints = self._prints if (self._prints.inputs or self._prints.parameters) else None
+        self.bundle_path = rec.finish(run, environment(opts.run.get("device")), prints)
 
     @property
     def records(self) -> Iterator[Record]:
@@ -150,6 +187,6 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
 
 def _options_note(opts: CaptureOptions) -> dict[str, Any]:
     d = asdict(opts)
-    for k in ("run", "progress", "level", "mode"):
+    for k in ("run", "progress", "level", "mode", "fingerprints"):
         d.pop(k)
     return d

@@ -20,7 +20,7 @@ import pydantic
 import torch
 
 from accuracy.bundle import BundleWriter
-from accuracy.manifest import Diagnostic, Manifest, Record, Stats
+from accuracy.manifest import Diagnostic, Fingerprints, Manifest, Record, Stats
 from hooks import cstats, devices
 from hooks.opcall import layout_of
 from hooks.tensors import (
@@ -235,7 +235,7 @@ class Recorder:
                   f"{mb:,.1f} MB written, {now - self.started:.1f}s",
                   file=sys.stderr, end="\n" if final else "\r", flush=True)
 
-    def finish(self, run: dict[str, Any], env: dict[str, Any]) -> Path:
+    def finish(self, run: dict[str, Any], env: dict[str, Any], fingerprints: Fingerprints | None = None) -> Path:
         self.closed = True
         self.flush()
         summaries = self.stats.to_host()
@@ -246,7 +246,8 @@ class Recorder:
         if self.calls:
             run = {**run, "calls": self.calls}
         fields = {"created_at": datetime.now(UTC).isoformat(timespec="seconds"), "run": run, "environment": env,
-                  "skipped_ops": dict(sorted(self.skipped.items())), "diagnostics": self.diagnostics}
+                  "skipped_ops": dict(sorted(self.skipped.items())), "diagnostics": self.diagnostics,
+                  "fingerprints": fingerprints}
         try:  # one validation call for every record (pydantic-core), cheaper than building each in Python
             manifest = Manifest.model_validate({**fields, "records": records})
         except pydantic.ValidationError as e:  # keep the capture: store what was recorded, say what is odd

@@ -8,9 +8,10 @@ from typing import Any
 
 import torch
 
+from accuracy.manifest import RunNames
 from hooks import devices
 from hooks.capture import capture
-from hooks.spec import load_training_spec
+from hooks.spec import UserCodeError, load_training_spec
 from hooks.variants import QUANTIZED, apply_variant
 
 
@@ -60,6 +61,7 @@ def run_capture(
     seed: int = 0,
     replay: str | os.PathLike[str] | None = None,
     golden: bool = False,
+    names: RunNames | None = None,
     allow_partial: bool = False,
     compile: bool = False,  # noqa: A002 - the name users know from torch.compile
     train_steps: int | None = None,
@@ -71,12 +73,15 @@ def run_capture(
 
     With ``replay=REF_BUNDLE`` the model is not run: each ATen op of REF (captured with
     ``inputs=True``) is re-run alone on ``device``/``variant`` (``golden``: float64 on CPU).
+    ``names`` (label, target name, tags) go into the manifest's ``run``. When the SPEC's function
+    or the forward pass raises, no bundle is written and :class:`UserCodeError` says where.
     ``allow_partial``: capture a quantizing variant even when it leaves most GEMM-like modules alone.
     ``compile``: run each block through ``torch.compile`` (:func:`hooks.compiled.compile_blocks`);
     it is compiled by one forward before the captured one.
     ``backward=True`` (with ``train_steps``, default 1): run training steps instead of one forward
     (:func:`hooks.training.train_steps`; the SPEC may return a loss function as a third item).
     """
+    named = names.model_dump(exclude_defaults=True) if names is not None else {}
     cpu_only = variant in QUANTIZED and QUANTIZED[variant][1]  # torch's int8/int4 kernels are CPU ones
     device = device or ("cpu" if cpu_only else devices.default_device())
     if not (replay is not None and golden):  # a golden replay runs on the CPU whatever ``device`` says
@@ -84,7 +89,8 @@ def run_capture(
     if replay is not None:
         from hooks.replay import replay as replay_ops
 
-        return replay_ops(replay, spec or None, out, device=device, variant=variant, golden=golden, mode=mode)
+        return replay_ops(replay, spec or None, out, device=device, variant=variant, golden=golden, mode=mode,
+                          run=named)
     torch.manual_seed(seed)
     model, inputs, loss_fn = load_training_spec(spec)
     model, inputs, notes = apply_variant(model.eval(), inputs, variant, device, allow_partial)
@@ -93,20 +99,31 @@ def run_capture(
 
         model, notes["compile"] = compile_blocks(model)
         with torch.no_grad():
-            model(**inputs) if isinstance(inputs, dict) else model(*inputs)
-    run = {"spec": spec, "device": device, "seed": seed, **notes}
+            try:
+                model(**inputs) if isinstance(inputs, dict) else model(*inputs)
+            except Exception as e:
+                raise UserCodeError("the compiled model's first (compiling) forward pass", e) from e
+    run = {"spec": spec, "device": device, "seed": seed, **notes, **named}
     if options.get("backward"):
         from hooks.training import train_steps as run_steps
 
         with capture(model, out, level=level, mode=mode, run=run, **options) as cap:
-            run.update(run_steps(model, inputs, cap, loss_fn, train_steps or 1, optimizer, lr))
+            try:
+                run.update(run_steps(model, inputs, cap, loss_fn, train_steps or 1, optimizer, lr))
+            except Exception as e:
+                cap.abort()  # a half-run is no capture: leave no bundle to upload by mistake
+                raise UserCodeError("the training step", e) from e
     else:
         if train_steps is not None:
             raise ValueError("train_steps needs backward=True (--backward)")
         with torch.no_grad(), capture(model, out, level=level, mode=mode, run=run, **options) as cap:
-            if isinstance(inputs, dict):
-                model(**inputs)
-            else:
-                model(*inputs)
+            try:
+                if isinstance(inputs, dict):
+                    model(**inputs)
+                else:
+                    model(*inputs)
+            except Exception as e:
+                cap.abort()  # a half-run is no capture: leave no bundle to upload by mistake
+                raise UserCodeError("the model's forward pass", e) from e
     assert cap.bundle_path is not None
     return cap.bundle_path

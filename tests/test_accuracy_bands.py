@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import accuracy
-from accuracy.bands import BandConfig, History, benjamini_hochberg, fit_band, k_factor
+from accuracy.bands import BandConfig, History, bands_for, benjamini_hochberg, fit_band, k_factor
 from accuracy.bundle import BundleWriter
 from accuracy.errors import ConfigError
 from accuracy.manifest import Manifest, Record
@@ -216,3 +216,24 @@ def test_history_format_errors(tmp_path: Path) -> None:
     bad.write_text("{nope")
     with pytest.raises(ConfigError, match="not valid JSON"):
         History.load(bad)
+
+
+def test_bands_are_kept_per_output() -> None:
+    """A multi-output op's outputs have bands of their own: output 1 (~1e-1 error) does not widen output 0's."""
+    rng = np.random.default_rng(2)
+    results = [{"key": "m/aten.native_batch_norm#0", "output": out, "op": "aten.native_batch_norm",
+                "shape_signature": "4096", "dtype": "float32", "target": "t",
+                "metrics": {"norm_l2": scale * math.exp(0.05 * rng.standard_normal())}}
+               for _ in range(8) for out, scale in ((0, 1e-3), (1, 1e-1))]
+    history = History.from_results(results)
+    cfg = BandConfig(metrics=("norm_l2",))
+    (b0,), runs0, _ = bands_for(history, "m/aten.native_batch_norm#0", "aten.native_batch_norm", "4096", "float32",
+                                "t", cfg)
+    (b1,), runs1, _ = bands_for(history, "m/aten.native_batch_norm#0:1", "aten.native_batch_norm:1", "4096",
+                                "float32", "t", cfg)
+    assert runs0 == runs1 == 8
+    assert 1e-3 < b0.upper < 2e-3 and 1e-1 < b1.upper < 2e-1
+    # the op-type fallback is per output too
+    (t1,), _, _ = bands_for(history, "other/aten.native_batch_norm#0:1", "aten.native_batch_norm:1", "4096",
+                            "float32", "t", cfg)
+    assert t1.level == "op type" and t1.upper == pytest.approx(b1.upper)

@@ -165,3 +165,25 @@ def test_summary_bundles_localize_too(tmp_path: Path) -> None:
     rep = accuracy.compare(ref, cap(tmp_path / "gelu.bundle", gelu_in_layer2))
     assert rep.first_divergence is not None and rep.first_divergence.module == "model.layers.2.mlp.act"
     assert rep.first_divergence.metrics is not None and rep.first_divergence.metrics.source == "summary"
+
+
+def test_a_changed_attention_implementation_is_compared_at_the_module_boundary(refs: dict[str, Path],
+                                                                               tmp_path: Path) -> None:
+    """SDPA (math backend: mul, bmm, _safe_softmax, bmm) where the reference ran bmm/div/softmax/bmm at
+    aten level: the two bmm#0 hold scaled vs unscaled scores, so they are not paired; the attention
+    module's output (equal to ~1e-7) is the comparison and nothing fails."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    model, inputs = build()
+    sdpa_everywhere(model)
+    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), capture(model, tmp_path / "sdpa.bundle",
+                                                                  run={"variant": "fp32", "device": "cpu"}):
+        model(*inputs)
+    rep = accuracy.compare(refs["aten"], tmp_path / "sdpa.bundle")
+    assert rep.counts["fail"] == rep.counts["warn"] == 0 and rep.first_divergence is None, report.headline(rep)
+    by_id = {o.id: o for o in rep.ops}
+    assert by_id["model.layers.0.self_attn/forward#0"].verdict == "pass"
+    bmm = [u for u in rep.unmatched if u.record.key == "model.layers.0.self_attn/aten.bmm#0"]
+    assert {u.side for u in bmm} == {"reference", "target"}
+    assert all("implementation of module 'model.layers.0.self_attn' differs" in u.reason for u in bmm)
+    assert by_id["model.layers.0.self_attn/aten.cat#0"].aligned_by == "key"  # the unchanged prefix still pairs

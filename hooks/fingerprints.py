@@ -1,0 +1,82 @@
+"""Fingerprints of a run's model inputs and of each parameter and buffer, for the manifest.
+
+``accuracy.fingerprints`` compares them: different inputs make two runs incomparable, different
+parameters are a finding that names the module. A fingerprint is a digest of the tensor's bytes
+(CPU tensors; on an accelerator the weights are not copied to the host) plus float64 sum, L2 norm
+and absmax, which still compare across an honest dtype cast.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten_with_path, keystr
+
+from accuracy.manifest import TensorPrint
+from hooks.tensors import tensor_dtype_name
+
+
+def tensor_print(t: torch.Tensor) -> TensorPrint | None:
+    """The fingerprint of one dense tensor (None for quantized, sparse, nested or meta tensors)."""
+    if t.layout != torch.strided or t.is_quantized or t.is_meta or t.is_nested:
+        return None
+    with torch.no_grad():
+        data = t.detach()
+        digest = ""  # on an accelerator the statistics alone (no copy of the weights to the host)
+        if data.device.type == "cpu":
+            data = data.contiguous()
+            raw = data.reshape(-1).view(torch.uint8).numpy().data if data.numel() else b""
+            digest = hashlib.blake2b(raw, digest_size=16).hexdigest()
+        if data.is_complex():
+            data = torch.view_as_real(data)
+        if not data.is_floating_point():
+            data = data.to(torch.float64)
+        total = float(torch.sum(data, dtype=torch.float64)) if data.numel() else 0.0
+        nonfinite = 0
+        if not math.isfinite(total):
+            finite = torch.isfinite(data)
+            nonfinite = int(data.numel() - int(finite.sum()))
+            data = data[finite]
+            total = float(torch.sum(data, dtype=torch.float64)) if data.numel() else 0.0
+        empty = data.numel() == 0
+        return TensorPrint(shape=list(t.shape), dtype=tensor_dtype_name(t), digest=digest, sum=total,
+                           l2=0.0 if empty else float(torch.linalg.vector_norm(data, dtype=torch.float64)),
+                           absmax=0.0 if empty else float(data.abs().max()), nonfinite=nonfinite)
+
+
+def input_prints(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, TensorPrint]:
+    """Fingerprints of every tensor among a call's arguments, named ``arg0``, ``input_ids``, ``x[1]`` …"""
+    out: dict[str, TensorPrint] = {}
+    leaves, _ = tree_flatten_with_path((args, kwargs))
+    for path, leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            fp = tensor_print(leaf)
+            if fp is not None:
+                out[_name(path)] = fp
+    return out
+
+
+def _name(path: tuple[Any, ...]) -> str:
+    """``((SequenceKey(0), SequenceKey(1)) -> arg1``, ``(SequenceKey(1), MappingKey('input_ids')) -> input_ids``."""
+    head, rest = path[0], path[1:]
+    if not rest:
+        return "args"
+    first, tail = rest[0], rest[1:]
+    name = f"arg{first.idx}" if head.idx == 0 else str(getattr(first, "key", first))
+    return name + (keystr(tail) if tail else "")
+
+
+def parameter_prints(model: torch.nn.Module) -> dict[str, TensorPrint]:
+    """Fingerprints of the model's parameters and buffers, by their dotted names."""
+    out: dict[str, TensorPrint] = {}
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        try:
+            fp = tensor_print(t)
+        except (RuntimeError, TypeError):  # a tensor subclass that cannot be read: not fingerprinted
+            fp = None
+        if fp is not None:
+            out[name] = fp
+    return out
