@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from accuracy.align import Pair, Unmatched, align, same_elements
+from accuracy.align import Pair, Unmatched, align, align_by_key, same_elements
 from accuracy.bands import BandCheck, BandConfig, History, bands_for, benjamini_hochberg
 from accuracy.budgets import DTYPE_MAX, Budget, BudgetPolicy, auxiliary_output, judged_dtype, precision_trap, reduction_length
 from accuracy.bundle import Bundle
@@ -178,7 +178,7 @@ def compare(
     blocks = (tgt.manifest.run.get("compile") or {}).get("blocks")
     if blocks:  # a compiled target records its blocks' outputs, not what runs inside them
         ref_records = [r for r in ref_records if not inside_compiled(r, blocks)]
-    pairs, unmatched = align(ref_records, tgt.records)
+    pairs, unmatched = (align_by_key if replayed else align)(ref_records, tgt.records)
     if not pairs:
         raise OpbandError(
             f"nothing to compare: the reference holds {len(ref.records)} records and the target "

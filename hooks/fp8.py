@@ -27,6 +27,13 @@ def quantize(x: torch.Tensor, dtype: torch.dtype, rowwise: bool) -> tuple[torch.
     return (xf / scale).clamp(-fmax, fmax).to(dtype), scale
 
 
+def quantize_dequantize(x: torch.Tensor, dtype: torch.dtype, rowwise: bool = False) -> torch.Tensor:
+    """``x`` rounded through ``dtype`` with :func:`quantize`'s scale, back in ``x``'s dtype (the op
+    sweep's FP8 inputs)."""
+    q, scale = quantize(x, dtype, rowwise)
+    return (q.float() * scale).to(x.dtype)
+
+
 class FP8Linear(nn.Module):
     """A GEMM-like module run as ``torch._scaled_mm`` on float8 weight and input."""
 
