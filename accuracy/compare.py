@@ -422,12 +422,12 @@ def _measure(ref: Bundle | None, tgt: Bundle, r: Record | None, t: Record) -> Me
         if not is_float_dtype(r.dtype) or not is_float_dtype(t.dtype):
             return compare_discrete(ref.iter_chunks(r.tensor), tgt.iter_chunks(t.tensor))
         absmax = r.stats.absmax if r.stats and r.stats.absmax is not None else None
-        ref_chunks, tgt_chunks = ref.iter_chunks(r.tensor), tgt.iter_chunks(t.tensor)
         top = DTYPE_MAX.get(t.dtype)
         if top is not None and absmax is not None and absmax > top:  # beyond the target's range: compare clipped
-            ref_chunks, tgt_chunks = _clipped(ref_chunks, top), _clipped(tgt_chunks, top)
-            absmax = top
-        return compare_arrays(ref_chunks, tgt_chunks, t.dtype, absmax)
+            ref_chunks, tgt_chunks = _clipped(ref.iter_chunks(r.tensor), top), _clipped(tgt.iter_chunks(t.tensor), top)
+            return compare_arrays(ref_chunks, tgt_chunks, t.dtype, top)
+        (rv, rtag), (tv, ttag) = ref.stored(r.tensor), tgt.stored(t.tensor)
+        return compare_arrays(rv, tv, t.dtype, absmax, reference_dtype=rtag, stored_dtype=ttag)
     if r.stats and t.stats:
         return compare_stats(r.stats, t.stats, t.dtype)
     return None

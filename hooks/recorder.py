@@ -20,8 +20,9 @@ import pydantic
 import torch
 
 from accuracy.bundle import BundleWriter
+from accuracy import fused
 from accuracy.manifest import Diagnostic, Fingerprints, Manifest, Record, Stats
-from hooks import cstats, devices
+from hooks import devices
 from hooks.opcall import layout_of
 from hooks.tensors import (
     StatsBatch,
@@ -82,7 +83,7 @@ class Recorder:
         self.show_progress = sys.stderr.isatty() if opts.progress is None else opts.progress
         self._module_globs = list(opts.modules or [])
         self._op_globs = list(opts.ops or [])
-        cstats.load()  # build/load the statistics kernel now, not inside the first op
+        fused.warm_up()  # compile (or load from numba's cache) the statistics kernels now, not in the first op
 
     # -- keys and filters -------------------------------------------------------------------
     @property
@@ -204,7 +205,7 @@ class Recorder:
         if version is not None and reuse:  # a written-to output's version is bumped after the op (or never)
             self.stored[id(t)] = (weakref.ref(t), version, rec_id)
         if where is not None:
-            self.by_storage[where] = (self.stats.epoch, rec_id, slot)
+            self.by_storage.put(where, (self.stats.epoch, rec_id, slot), data)
         if self.pending_bytes >= self.opts.buffer_bytes:
             self.flush()
         return rec_id

@@ -472,9 +472,17 @@ def db_upgrade(data_dir: DataDir = Path(".opband"), revision: str = "head") -> N
     """Migrate the database (OPBAND_DATABASE_URL or the data dir's SQLite) to the latest schema."""
     from api.store.db import upgrade as run
 
+    from sqlalchemy.exc import DBAPIError
+
     settings = _settings(data_dir=data_dir)
-    run(settings.effective_database_url, revision)
-    typer.echo(f"database at {revision}: {settings.effective_database_url.split('@')[-1]}")
+    where = settings.effective_database_url.split("@")[-1]
+    try:
+        run(settings.effective_database_url, revision)
+    except DBAPIError as e:
+        first = str(e.orig or e).strip().splitlines()[0][:300]
+        _fail(f"cannot migrate the database {where}: {first}. Is it running and reachable, and are "
+              "OPBAND_DATABASE_URL and its credentials right? Nothing was changed")
+    typer.echo(f"database at {revision}: {where}")
 
 
 @token_app.command("create")
@@ -525,6 +533,58 @@ def worker(
                            should_stop=lambda: bool(stopping), poll_seconds=0.5)
     except KeyboardInterrupt:
         pass
+
+
+@token_app.command("list")
+def token_list(
+    project: Annotated[Optional[str], typer.Option(help="only this project's tokens")] = None,
+    data_dir: DataDir = Path(".opband"),
+) -> None:
+    """List tokens (id, project, read-only, name, created); the secrets themselves are never stored."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from api.auth import list_tokens
+
+    db = _open_db(_settings(data_dir=data_dir))
+    table = Table("id", "project", "access", "name", "created")
+    for tok, name in list_tokens(db, project):
+        table.add_row(str(tok.id), name, "read-only" if tok.read_only else "write", tok.name or "",
+                      tok.created_at.strftime("%Y-%m-%d %H:%M"))
+    Console().print(table)
+
+
+@token_app.command("revoke")
+def token_revoke(
+    token_id: Annotated[int, typer.Argument(help="the id `opband token list` shows")],
+    data_dir: DataDir = Path(".opband"),
+) -> None:
+    """Revoke a token: requests with it get 401 from now on."""
+    from api.auth import revoke_token
+
+    if not revoke_token(_open_db(_settings(data_dir=data_dir)), token_id):
+        _fail(f"no token with id {token_id}: see `opband token list`")
+    typer.echo(f"token {token_id} revoked")
+
+
+@app.command()
+def gc(
+    apply: Annotated[bool, typer.Option("--apply", metavar="", help="remove what is found (default: only report)")] = False,
+    grace_seconds: Annotated[float, typer.Option(help="leave blobs younger than this (uploads in flight)")] = 600,
+    data_dir: DataDir = Path(".opband"),
+) -> None:
+    """Find blobs no bundle names, bundles whose blob is gone and stale upload temp files; --apply removes them."""
+    from api.store.blobs import make_store
+    from api.store.maintenance import gc as run_gc
+
+    settings = _settings(data_dir=data_dir)
+    store = make_store(settings.effective_store_url, settings.s3_endpoint_url)
+    temp = getattr(store, "temp_dir", None)
+    report = run_gc(_open_db(settings), store, apply=apply, grace_seconds=grace_seconds,
+                    temp_dir=temp() if temp else None, stale_seconds=max(2 * settings.upload_idle_seconds, 60))
+    typer.echo(json.dumps(report.as_dict(), indent=2))
+    if not apply and (report.orphan_blobs or report.rows_without_blob or report.partials):
+        typer.echo("dry run: nothing removed; run again with --apply to remove these", err=True)
 
 
 def main() -> None:

@@ -289,7 +289,7 @@ def _check_stats(bundle: Bundle) -> None:
     """Every record's statistics describe the values stored for it (full mode stores both).
 
     min/max/counts/sample exactly; mean, std and l2 to float32 accumulation error (the CPU kernel
-    sums blocks of 2048 values in float32, hooks/cstats.py), relative to the values' magnitude."""
+    sums blocks of 2048 values in float32, accuracy/fused.py), relative to the values' magnitude."""
     for r in bundle.records:
         where = f"{r.id} ({r.kind})"
         vals = bundle.record_values(r.id)
