@@ -164,7 +164,8 @@ def compare(
     cfg = band_config or BandConfig()
     tname = target_id or target_name(tgt)
     replayed = bool(tgt.manifest.run.get("replay_of") or tgt.manifest.run.get("replay"))
-    _check_same_model(ref, tgt, replayed)
+    blocks = (tgt.manifest.run.get("compile") or {}).get("blocks")
+    _check_same_model(ref, tgt, replayed, blocks)
     different = input_difference(ref.manifest.fingerprints, tgt.manifest.fingerprints)
     if different:
         raise OpbandError(
@@ -175,7 +176,6 @@ def compare(
         # outputs) have no counterpart; an op sweep's targets re-run its aten and api (torch.*) cases
         kinds = {t.kind for t in tgt.records} - {"module", "grad"} or {"aten"}
         ref_records = [r for r in ref.records if r.kind in kinds]
-    blocks = (tgt.manifest.run.get("compile") or {}).get("blocks")
     if blocks:  # a compiled target records its blocks' outputs, not what runs inside them
         ref_records = [r for r in ref_records if not inside_compiled(r, blocks)]
     pairs, unmatched = (align_by_key if replayed else align)(ref_records, tgt.records)
@@ -216,11 +216,12 @@ def compare(
 SAME_MODEL_SHARE = 0.5
 
 
-def _check_same_model(ref: Bundle, tgt: Bundle, replayed: bool) -> None:
-    """Refuse (exit 2) two runs whose module structures do not align: a comparison would only list failures."""
+def _check_same_model(ref: Bundle, tgt: Bundle, replayed: bool, blocks: list[str] | None = None) -> None:
+    """Refuse (exit 2) two runs whose module structures do not align: a comparison would only list failures.
+    Modules inside a compiled target's blocks are not observable there, so they are not counted."""
     if replayed:
         return
-    mods_r = {r.module for r in ref.records if r.kind == "module"}
+    mods_r = {r.module for r in ref.records if r.kind == "module" and not (blocks and inside_compiled(r, blocks))}
     mods_t = {r.module for r in tgt.records if r.kind == "module"}
     if len(mods_r) < 2 or not mods_t:
         return
