@@ -28,8 +28,7 @@ def quantize(x: torch.Tensor, dtype: torch.dtype, rowwise: bool) -> tuple[torch.
 
 
 def quantize_dequantize(x: torch.Tensor, dtype: torch.dtype, rowwise: bool = False) -> torch.Tensor:
-    """``x`` rounded through ``dtype`` with :func:`quantize`'s scale, back in ``x``'s dtype (the op
-    sweep's FP8 inputs)."""
+    """``x`` rounded through ``dtype`` (:func:`quantize`, then back to ``x``'s dtype; stays on device)."""
     q, scale = quantize(x, dtype, rowwise)
     return (q.float() * scale).to(x.dtype)
 
