@@ -90,8 +90,8 @@ def _fail(message: str, code: int = 2) -> None:
 
 @app.command()
 def capture(
-    spec: Annotated[str, typer.Argument(help="package.module:function or path/to/file.py:function returning (model, inputs)")],
     out: Annotated[Path, typer.Option("-o", "--out", help="bundle file to write")],
+    spec: Annotated[Optional[str], typer.Argument(help="package.module:function or path/to/file.py:function returning (model, inputs); not given with --replay (the reference's ops are re-run, no model)")] = None,
     device: Annotated[Optional[str], typer.Option(help="cpu, cuda, npu ... (default: best available)")] = None,
     variant: Annotated[Variant, typer.Option(help="precision/quantization of the target run")] = Variant.fp32,
     level: Annotated[Level, typer.Option(help="module (forward hooks), api (torch functions) or aten (every ATen op)")] = Level.aten,
@@ -121,9 +121,15 @@ def capture(
 
     if golden and replay is None:
         _fail("--golden recomputes a reference's ops in float64: give the reference with --replay REF_BUNDLE")
+    if replay is not None and spec is not None:
+        _fail(f"--replay re-runs the ops recorded in {replay} without running a model, so SPEC {spec} would be "
+              "ignored: drop it (opband capture --replay REF -o OUT)")
+    if replay is None and spec is None:
+        _fail("give a SPEC (package.module:function or file.py:function returning (model, inputs)), "
+              "or --replay REF_BUNDLE")
     names = _names(label, target, tags)
     try:
-        path = run_capture(spec, out, device=device, variant=variant.value, level=level.value, mode=mode.value,
+        path = run_capture(spec or "", out, device=device, variant=variant.value, level=level.value, mode=mode.value,
                            seed=seed, modules=modules, ops=ops, max_bytes=max_bytes, replay=replay, golden=golden,
                            names=names, allow_partial=allow_partial, compile=compile_, train_steps=train_steps,
                            optimizer=optimizer, lr=lr, **({"inputs": True} if inputs else {}),
@@ -141,6 +147,11 @@ def capture(
     from hooks.gemm import describe
 
     b = Bundle.open(path)
+    if replay is not None:
+        from hooks.replay import not_replayed
+
+        for line in not_replayed(b.manifest.diagnostics):
+            typer.echo(line)
     if "variant_coverage" in b.manifest.run:
         typer.echo("\n".join(describe(b.manifest.run["variant_coverage"])))
     typer.echo(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, {len(b.records)} records, "
