@@ -164,8 +164,10 @@ def compare(
             f"the two runs had different inputs: {different}. Every op would differ alike; capture both runs "
             "on the same inputs (same SPEC, seed and data) and compare again")
     ref_records = ref.records
-    if replayed:  # a replay re-runs the reference's ATen ops only: its module records have no counterpart
-        ref_records = [r for r in ref.records if r.kind == "aten"]
+    if replayed:  # a replay re-runs the reference's ops only: records of kinds it never produces (module
+        # outputs) have no counterpart; an op sweep's targets re-run its aten and api (torch.*) cases
+        kinds = {t.kind for t in tgt.records} - {"module", "grad"} or {"aten"}
+        ref_records = [r for r in ref.records if r.kind in kinds]
     pairs, unmatched = align(ref_records, tgt.records)
     if not pairs:
         raise OpbandError(
@@ -275,7 +277,7 @@ def _open(x: str | os.PathLike[str] | Bundle) -> Bundle:
 
 
 def _side(b: Bundle) -> dict[str, Any]:
-    return {"path": str(b.path), "run": b.manifest.run, "records": len(b.records)}
+    return {"path": str(b.path), "run": b.manifest.run, "environment": b.manifest.environment, "records": len(b.records)}
 
 
 @dataclass

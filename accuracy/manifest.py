@@ -100,6 +100,73 @@ class Diagnostic(BaseModel):
     message: str
 
 
+#: a target name: what a series of runs is kept under, e.g. ``ascend-910b/bf16``, ``cuda-h100/fp32``
+TARGET_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._+:@/-]*$"
+#: a tag key, e.g. ``branch``, ``commit``, ``cann``, ``driver``, ``op-library``
+TAG_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+MAX_TAGS = 64
+
+
+class RunNames(BaseModel):
+    """What a person calls a run (``run.label``, ``run.target``, ``run.tags`` in the manifest): a label, the
+    target name its drift series and regressions are kept under, and free-form ``key=value`` tags."""
+
+    model_config = ConfigDict(extra="forbid")
+    label: str | None = Field(default=None, min_length=1, max_length=200, description="e.g. nightly-2026-12-01")
+    target: str | None = Field(default=None, min_length=1, max_length=200, pattern=TARGET_PATTERN,
+                               description="e.g. ascend-910b/bf16; default: variant@device")
+    tags: dict[str, str] = Field(default_factory=dict, description="e.g. branch, commit, cann, driver, op-library")
+
+    @field_validator("tags")
+    @classmethod
+    def _tags(cls, v: dict[str, str]) -> dict[str, str]:
+        import re
+
+        if len(v) > MAX_TAGS:
+            raise ValueError(f"{len(v)} tags; at most {MAX_TAGS}")
+        for key, value in v.items():
+            if len(key) > 64 or not re.match(TAG_KEY_PATTERN, key):
+                raise ValueError(f"tag key {key[:80]!r}: use letters, digits, '.', '_' and '-' (at most 64)")
+            if len(value) > 500:
+                raise ValueError(f"tag {key!r}: value longer than 500 characters")
+        return v
+
+    def target_or_default(self, variant: str, device: str) -> str:
+        """The target name, or ``variant@device`` when the run was given none."""
+        return self.target or f"{variant}@{device}"
+
+
+def parse_tags(items: list[str] | None) -> dict[str, str]:
+    """``["branch=main", "cann=8.0.RC2"]`` -> ``{"branch": "main", "cann": "8.0.RC2"}``; a ValueError
+    saying the expected form for an item without ``=``."""
+    tags: dict[str, str] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"tag {item!r} must be KEY=VALUE, e.g. --tag branch=main --tag cann=8.0.RC2")
+        tags[key.strip()] = value.strip()
+    return tags
+
+
+def run_names(label: str | None = None, target: str | None = None, tags: list[str] | dict[str, str] | None = None,
+              ) -> RunNames:
+    """Validated names from flags or query parameters; a ValueError with one readable sentence."""
+    try:
+        return RunNames(label=label or None, target=target or None,
+                        tags=tags if isinstance(tags, dict) else parse_tags(tags))
+    except ValidationError as e:
+        raise ValueError(_names_error(e)) from None
+
+
+def _names_error(e: ValidationError) -> str:
+    first = e.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "names"
+    msg = str(first["msg"]).removeprefix("Value error, ")
+    if first["type"] == "string_pattern_mismatch":
+        msg = "use letters, digits and . _ + : @ / -, starting with a letter or digit, e.g. ascend-910b/bf16"
+    return f"run {where} {str(first.get('input'))[:80]!r}: {msg}" if where != "tags" else f"run tags: {msg}"
+
+
 class Manifest(BaseModel):
     """Everything about one capture run except the tensor bytes."""
 
@@ -123,6 +190,34 @@ class Manifest(BaseModel):
                 "upgrade opband to read it"
             )
         return v
+
+    @property
+    def names(self) -> RunNames:
+        """The run's label, target name and tags (``run.label``, ``run.target``, ``run.tags``)."""
+        return self.names_with(None)
+
+    def names_with(self, override: RunNames | None) -> RunNames:
+        """The run's names with ``override``'s label and target where set and its tags on top. A label
+        of another type or length (older writers) is read as text cut to 200 characters; a malformed
+        target name (not overridden) or tags raise :class:`BundleError` saying what is wrong."""
+        label = self.run.get("label")
+        fields: dict[str, Any] = {"label": str(label)[:200] if label not in (None, "") else None}
+        fields.update({k: self.run[k] for k in ("target", "tags") if k in self.run})
+        if override is not None:
+            fields["label"] = override.label or fields["label"]
+            fields["target"] = override.target or fields.get("target")
+            if override.tags:
+                tags = fields.get("tags")
+                fields["tags"] = {**(tags if isinstance(tags, dict) else {}), **override.tags}
+        try:
+            return RunNames.model_validate(fields)
+        except ValidationError as e:
+            raise BundleError(f"manifest {_names_error(e)}") from None
+
+    @property
+    def target(self) -> str:
+        """The target name the run's series are kept under: ``run.target``, else ``variant@device``."""
+        return self.names.target_or_default(self.variant, self.device)
 
     @property
     def variant(self) -> str:

@@ -157,49 +157,83 @@ def local_failures(report: ComparisonReport, limit: int = 10) -> list[str]:
     return lines
 
 
-def to_text(report: ComparisonReport, limit: int | None = 20, width: int = 160) -> str:
-    """The terminal table, worst first, rendered with rich."""
-    from io import StringIO
+#: colours of the verdict cells on a colour terminal (plain consoles drop them)
+VERDICT_STYLE = {"fail": "bold red", "warn": "yellow", "pass": "green", "new": "cyan", "missing": "magenta"}
+#: one word for the number an op is held to, in every table and report (and the API's ``budget``):
+#: its budget, or the upper bound of a band learned from history where one applies
+THRESHOLD = "budget"
 
-    from rich.console import Console
+
+def run_title(side: dict[str, Any]) -> str:
+    """How a report names one run: ``label (target name, variant@device)``, leaving out what it lacks."""
+    run = side.get("run") or {}
+    where = str(run.get("variant", "?")) + (f"@{run['device']}" if run.get("device") else "")
+    target = run.get("target") if run.get("target") != where else None
+    inner = ", ".join(x for x in (target, where) if x)
+    return f"{run['label']} ({inner})" if run.get("label") else (f"{target} ({where})" if target else where)
+
+
+def text_renderables(report: ComparisonReport, limit: int | None = 20) -> list[Any]:
+    """The terminal report as rich renderables: the table worst first, then the PASSED/FAILED lines
+    (never wrapped). Print them on a console that knows the terminal's width and colours."""
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=f"opband compare ({report.mode}): {report.target['run'].get('variant', '?')} vs "
-                        f"{report.reference['run'].get('variant', '?')}", show_lines=False)
-    table.add_column("verdict")
+    table = Table(title=f"opband compare ({report.mode}): {run_title(report.target)} vs {run_title(report.reference)}",
+                  show_lines=False)
+    table.add_column("verdict", no_wrap=True)
     table.add_column("op key", overflow="fold")
     table.add_column("input shapes", overflow="fold")
     table.add_column("dtype")
     for name in TABLE_METRICS:
         table.add_column(name, justify="right")
-    table.add_column("limit", justify="right")
+    table.add_column(THRESHOLD, justify="right")
     rows = report.worst_first()
     for o in rows[:limit] if limit else rows:
-        verdict = o.verdict.upper() + (" (inherited)" if o.inherited else "")
+        verdict = Text(o.verdict.upper() + (" (inherited)" if o.inherited else ""),
+                       style="" if o.inherited else VERDICT_STYLE.get(o.verdict, ""))
         cells = [fmt(_metric(o, m)) for m in TABLE_METRICS]
         if o.metrics is not None and not o.metrics.finite_outcome:  # the metrics cover the finite part only
             cells[0] = "NaN/Inf"
         table.add_row(verdict, o.id, o.shape_signature, o.dtype, *cells, fmt(limit_of(o)))
+    lines = [f"... {len(rows) - limit} more ops (use --json or --html for all)"] if limit and len(rows) > limit else []
+    lines += local_failures(report) + headline(report).splitlines()
+    return [table, *(Text(line, no_wrap=True, overflow="ignore") for line in lines)]
+
+
+def print_renderables(console: Any, items: list[Any]) -> None:
+    """Print a report's renderables: tables to the console's width, text lines unwrapped."""
+    from rich.text import Text
+
+    for item in items:
+        console.print(item, soft_wrap=isinstance(item, Text), highlight=False)
+
+
+def to_text(report: ComparisonReport, limit: int | None = 20, width: int = 160) -> str:
+    """The terminal report as plain text (no colour) for a console ``width`` columns wide."""
+    from io import StringIO
+
+    from rich.console import Console
+
     buf = StringIO()
-    console = Console(file=buf, width=width, force_terminal=False, no_color=True)
-    console.print(table)
-    if limit and len(rows) > limit:
-        console.print(f"... {len(rows) - limit} more ops (use --json for all)")
-    for line in local_failures(report):
-        console.print(line, highlight=False, markup=False, soft_wrap=True)
-    console.print(headline(report), highlight=False, markup=False, soft_wrap=True)
+    print_renderables(Console(file=buf, width=width, force_terminal=False, no_color=True),
+                      text_renderables(report, limit))
     return buf.getvalue()
 
 
 def to_markdown(report: ComparisonReport, limit: int | None = 50) -> str:
-    lines = [f"## opband: {report.verdict.upper()}", "", "```", headline(report), "```", ""]
-    lines.append("| verdict | op key | input shapes | dtype | " + " | ".join(TABLE_METRICS) + " | reason |")
-    lines.append("|---" * (5 + len(TABLE_METRICS)) + "|")
+    lines = [f"## opband: {report.verdict.upper()}", "",
+             f"target **{run_title(report.target)}** vs reference **{run_title(report.reference)}**", "",
+             "```", headline(report), "```", ""]
+    lines.append("| verdict | op key | input shapes | dtype | " + " | ".join(TABLE_METRICS) + f" | {THRESHOLD} | reason |")
+    lines.append("|---" * (6 + len(TABLE_METRICS)) + "|")
     rows = report.worst_first()
     for o in rows[:limit] if limit else rows:
         cells = [o.verdict + (" (inherited)" if o.inherited else ""), f"`{o.id}`", o.shape_signature, o.dtype]
-        cells += [fmt(_metric(o, m)) for m in TABLE_METRICS] + [o.reason.replace("|", "\\|")]
+        cells += [fmt(_metric(o, m)) for m in TABLE_METRICS] + [fmt(limit_of(o)), o.reason.replace("|", "\\|")]
         lines.append("| " + " | ".join(cells) + " |")
+    if limit and len(rows) > limit:
+        lines += ["", f"... {len(rows) - limit} more ops: the JSON and HTML reports list every op."]
     if report.unmatched:
         lines += ["", f"{len(report.unmatched)} unmatched record(s):", ""]
         lines += [f"- `{u.record.id}` ({u.side}): {u.reason}" for u in report.unmatched[:limit]]
@@ -218,30 +252,96 @@ def _histogram_svg(counts: list[int], width: int = 240, height: int = 40) -> str
     return f'<svg width="{width}" height="{height}" class="hist" role="img" aria-label="abs error histogram">{bars}</svg>'
 
 
-def to_html(report: ComparisonReport, limit: int | None = 200) -> str:
-    """A standalone HTML report (no external resources) with a histogram per op."""
+
+
+#: HTML report: ops per page (every op is in the file; with scripts on, one page shows at a time)
+HTML_PAGE = 200
+
+_HTML_STYLE = """
+body{font-family:system-ui,sans-serif;margin:2rem;color:#222} table{border-collapse:collapse;font-size:13px}
+td,th{border-bottom:1px solid #ddd;padding:4px 8px;text-align:left} tr.fail td:first-child{color:#b00020;font-weight:bold}
+tr.warn td:first-child{color:#b36b00} tr.pass td:first-child{color:#2e7d32} .hist rect{fill:#5470c6}
+pre{background:#f6f6f6;padding:1rem} table.runs,table.diff{margin-bottom:1rem} #pager button{margin:0 .5rem}
+"""
+
+_HTML_PAGER = """
+(function () {
+  var size = %d, rows = document.querySelectorAll("#ops tbody tr"), page = 0;
+  var pages = Math.ceil(rows.length / size);
+  if (pages < 2) return;
+  function show() {
+    rows.forEach(function (r, i) { r.hidden = Math.floor(i / size) !== page; });
+    document.getElementById("page").textContent = "ops " + (page * size + 1) + "-" +
+      Math.min(rows.length, (page + 1) * size) + " of " + rows.length;
+  }
+  document.getElementById("pager").hidden = false;
+  document.getElementById("prev").onclick = function () { if (page > 0) { page--; show(); } };
+  document.getElementById("next").onclick = function () { if (page < pages - 1) { page++; show(); } };
+  show();
+})();
+"""
+
+
+def _runs_html(report: ComparisonReport) -> str:
+    """Both runs side by side (label, target, variant, device, tags, file), then what changed between them."""
+    from accuracy import envdiff
+
     esc = html.escape
+    sides = (report.reference, report.target)
+
+    def cell(side: dict[str, Any], name: str) -> str:
+        run = side.get("run") or {}
+        if name == "tags":
+            return ", ".join(f"{k}={v}" for k, v in (run.get("tags") or {}).items()) or "-"
+        if name == "target":
+            return str(run.get("target") or f"{run.get('variant', '?')}@{run.get('device', '?')}")
+        if name == "file":
+            return str(side.get("path", "-"))
+        return str(run.get(name, "-"))
+
+    rows = "".join(f"<tr><th>{f}</th>" + "".join(f"<td>{esc(cell(side, f))}</td>" for side in sides) + "</tr>"
+                   for f in ("label", "target", "variant", "device", "tags", "file"))
+    runs = ('<table class="runs"><thead><tr><th></th><th>reference</th><th>target</th></tr></thead>'
+            f"<tbody>{rows}</tbody></table>")
+    changed, same = envdiff.changes(*(envdiff.flatten(side.get("run"), side.get("environment")) for side in sides))
+    if not changed:
+        return runs + f"<h2>environment diff: none</h2><p>the {same} compared fields are the same.</p>"
+    items = "".join(f"<tr><td><code>{esc(f)}</code></td><td>{esc(json.dumps(a, default=str))}</td>"
+                    f"<td>{esc(json.dumps(b, default=str))}</td></tr>" for f, a, b in changed)
+    return (runs + f"<h2>environment diff: {len(changed)} changed, {same} the same</h2>"
+            '<table class="diff"><thead><tr><th>field</th><th>reference</th><th>target</th></tr></thead>'
+            f"<tbody>{items}</tbody></table>")
+
+
+def to_html(report: ComparisonReport, limit: int | None = None) -> str:
+    """A standalone HTML report (no external resources): both runs and their environment diff, then
+    every op worst first (``limit``: only that many, said in the heading) with a histogram each,
+    paged ``HTML_PAGE`` at a time when scripts run (all rows show without them)."""
+    esc = html.escape
+    ops = report.worst_first()
+    shown = ops[:limit] if limit else ops
     rows = []
-    for o in (report.worst_first()[:limit] if limit else report.worst_first()):
+    for o in shown:
         hist = _histogram_svg(o.metrics.histogram) if o.metrics is not None else ""
         metrics = "".join(f"<td>{esc(fmt(_metric(o, m)))}</td>" for m in TABLE_METRICS)
         rows.append(
             f'<tr class="{esc(o.verdict)}"><td>{esc(o.verdict)}{" (inherited)" if o.inherited else ""}</td>'
             f"<td><code>{esc(o.id)}</code></td><td>{esc(o.shape_signature)}</td><td>{esc(o.dtype)}</td>"
-            f"{metrics}<td>{hist}</td><td>{esc(o.reason)}</td></tr>"
+            f"{metrics}<td>{esc(fmt(limit_of(o)))}</td><td>{hist}</td><td>{esc(o.reason)}</td></tr>"
         )
     head = "".join(f"<th>{m}</th>" for m in TABLE_METRICS)
+    cut = f" (the worst {len(shown)} of {len(ops)})" if len(shown) < len(ops) else ""
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>opband report: {esc(report.verdict)}</title>
-<style>
-body{{font-family:system-ui,sans-serif;margin:2rem;color:#222}} table{{border-collapse:collapse;font-size:13px}}
-td,th{{border-bottom:1px solid #ddd;padding:4px 8px;text-align:left}} tr.fail td:first-child{{color:#b00020;font-weight:bold}}
-tr.warn td:first-child{{color:#b36b00}} tr.pass td:first-child{{color:#2e7d32}} .hist rect{{fill:#5470c6}}
-pre{{background:#f6f6f6;padding:1rem}}
-</style></head><body>
+<style>{_HTML_STYLE}</style></head><body>
 <h1>opband: {esc(report.verdict.upper())}</h1>
+<p>target <b>{esc(run_title(report.target))}</b> vs reference <b>{esc(run_title(report.reference))}</b>, {esc(report.mode)} mode</p>
+{_runs_html(report)}
 <pre>{esc(headline(report))}</pre>
-<table><thead><tr><th>verdict</th><th>op key</th><th>input shapes</th><th>dtype</th>{head}<th>|error| histogram</th><th>reason</th></tr></thead>
+<h2>ops, worst first: {len(shown)}{cut}</h2>
+<div id="pager" hidden><button id="prev">previous</button><span id="page"></span><button id="next">next</button></div>
+<table id="ops"><thead><tr><th>verdict</th><th>op key</th><th>input shapes</th><th>dtype</th>{head}<th>{THRESHOLD}</th><th>|error| histogram</th><th>reason</th></tr></thead>
 <tbody>{"".join(rows)}</tbody></table>
+<script>{_HTML_PAGER % HTML_PAGE}</script>
 </body></html>
 """

@@ -17,8 +17,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, 
 from api.errors import ServiceError
 from api.middleware import RequestLog
 from api.observability import JobsByStatus, configure_logging
-from api.routes import router
-from api.routes_review import router as review_router
+from api.routes.core import router
+from api.routes.coverage import router as coverage_router
+from api.routes.dashboard import router as dashboard_router
+from api.routes.docs import router as docs_router
+from api.routes.review import router as review_router
 from api.services import Services
 from api.settings import Settings
 
@@ -47,10 +50,13 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
         finally:
             services.close()
 
-    app = FastAPI(title="opband", version="0.1.0", lifespan=lifespan,
+    app = FastAPI(title="opband", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Operator-level numerical accuracy regression service")
     app.include_router(router, prefix="/api/v1")
     app.include_router(review_router, prefix="/api/v1")
+    app.include_router(coverage_router, prefix="/api/v1")
+    app.include_router(dashboard_router, prefix="/api/v1")
+    app.include_router(docs_router)  # /docs and /redoc, assets from an installed package
     app.add_middleware(RequestLog)
 
     @app.exception_handler(ServiceError)
@@ -72,6 +78,10 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
     @app.get("/", include_in_schema=False)
     def dashboard() -> FileResponse:
         return FileResponse(STATIC / "index.html")
+
+    @app.get("/coverage", include_in_schema=False)
+    def coverage_page() -> FileResponse:
+        return FileResponse(STATIC / "coverage.html")
 
     @app.get("/static/vendor/plotly.min.js", include_in_schema=False)
     def plotly_js() -> FileResponse:

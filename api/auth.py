@@ -8,9 +8,9 @@ import secrets
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
-from api.db import Database
+from api.store.db import Database
 from api.errors import Forbidden, NotFound, Unauthorized
-from api.models import Project, Token
+from api.store.models import Project, Token
 
 PREFIX = "opb_"
 

@@ -65,7 +65,7 @@ class JobsByStatus(Collector):
         self.db = db
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        from api.models import Comparison
+        from api.store.models import Comparison
 
         family = GaugeMetricFamily("opband_jobs", "comparison jobs by status (all workers)", labels=["status"])
         try:

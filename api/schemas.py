@@ -39,6 +39,8 @@ class BundlePublic(BaseModel):
     label: str | None
     variant: str
     device: str
+    target: str = Field(description="target name its series are kept under: the run's --target, else variant@device")
+    tags: dict[str, Any] = Field(default_factory=dict, description="free-form tags: branch, commit, cann, driver ...")
     level: str | None
     mode: str | None
     git_commit: str | None
@@ -59,6 +61,20 @@ class ComparisonCreate(BaseModel):
     mode: Literal["propagated", "replay", "golden"] = "propagated"
 
 
+class RunSummary(BaseModel):
+    """One side of a comparison as a person names it."""
+
+    model_config = ConfigDict(from_attributes=True)
+    id: str
+    label: str | None
+    target: str = Field(description="target name: the run's --target, else variant@device")
+    variant: str
+    device: str
+    tags: dict[str, Any] = Field(default_factory=dict)
+    git_commit: str | None = None
+    git_branch: str | None = None
+
+
 class ComparisonPublic(BaseModel):
     model_config = ConfigDict(from_attributes=True)
     id: str
@@ -77,6 +93,8 @@ class ComparisonPublic(BaseModel):
     finished_at: Timestamp | None
     target_variant: str | None = None
     target_device: str | None = None
+    reference_run: RunSummary | None = None
+    target_run: RunSummary | None = Field(default=None, description="its target name keys the series and regressions")
 
 
 #: Stored in place of an infinite severity, so that SQL sorts such failures first (not as NULL, last).
@@ -124,10 +142,22 @@ class RegressionPublic(BaseModel):
     first_comparison_id: str
     last_comparison_id: str
     dtype: str
-    target: str = Field(description="variant@device of the target side, e.g. bf16@cpu")
+    target: str = Field(description="target name of the series: the target run's --target (e.g. ascend-910b/bf16), "
+                                    "else its variant@device (e.g. bf16@cpu)")
     accepted_by: int | None = None  # the accepted deviation behind status "accepted", if any
     created_at: Timestamp
     updated_at: Timestamp
+
+
+class TargetPublic(BaseModel):
+    """A target name of a project: how many runs it has and its latest finished comparison."""
+
+    target: str
+    bundles: int
+    last_upload: Timestamp
+    latest_comparison_id: str | None = None
+    latest_verdict: str | None = None
+    latest_label: str | None = None
 
 
 class DriftPoint(BaseModel):
@@ -208,6 +238,8 @@ class DeviationPublic(BaseModel):
 class RegressionUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     status: Literal["active", "acknowledged", "accepted", "resolved"]
+    author: str | None = Field(default=None, max_length=200, description="who decided (kept in the regression's audit)")
+    note: str | None = Field(default=None, max_length=4000, description="why (kept in the audit)")
 
 
 class EnvironmentChange(BaseModel):

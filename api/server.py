@@ -9,7 +9,7 @@ import time
 import uvicorn
 
 from api.app import create_app
-from api.db import upgrade
+from api.store.db import upgrade
 from api.settings import Settings
 
 

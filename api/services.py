@@ -7,12 +7,12 @@ from pathlib import Path
 
 from sqlalchemy import func, select, text
 
-from api.db import Database, check_schema
+from api.store.db import Database, check_schema
 from api.errors import Unavailable
-from api.jobs import WorkerPool
-from api.models import Comparison
+from api.jobs.comparisons import WorkerPool
+from api.store.models import Comparison
 from api.settings import Settings
-from api.store import BlobStore, make_store
+from api.store.blobs import BlobStore, make_store
 
 
 @dataclass

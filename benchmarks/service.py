@@ -82,7 +82,7 @@ def ingest(size: int, work: Path) -> tuple[float, float, float]:
     port = free_port()
     env = {**os.environ, "OPBAND_DATA_DIR": str(data), "OPBAND_WORKERS": "0", "OPBAND_LOG_LEVEL": "warning"}
     env.pop("OPBAND_DATABASE_URL", None)
-    proc = subprocess.Popen([sys.executable, "-m", "api.cli", "serve", "--port", str(port), "--data-dir", str(data)],
+    proc = subprocess.Popen([sys.executable, "-m", "opband.cli", "serve", "--port", str(port), "--data-dir", str(data)],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -121,7 +121,7 @@ def load(url: str, results: int) -> None:
     """Synthetic history: one project, 2 bundles, results/1000 comparisons of 1000 ops, 1000 series."""
     import psycopg
 
-    from api.db import upgrade
+    from api.store.db import upgrade
 
     upgrade(url)
     comparisons = results // OPS_PER_COMPARISON
@@ -170,9 +170,9 @@ def load(url: str, results: int) -> None:
 
 def time_queries(url: str) -> dict[str, float]:
     """Median milliseconds of each query, the way the routes call them."""
-    from api import queries
-    from api.db import Database
-    from api.models import Comparison, Project
+    from api.store import queries
+    from api.store.db import Database
+    from api.store.models import Comparison, Project
     from api.settings import Settings
 
     db = Database(Settings(database_url=url))

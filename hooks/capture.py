@@ -79,6 +79,7 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
         self._recorder: Recorder | None = None
         self._prints = Fingerprints()
         self._input_hook: Any = None
+        self._aborted = False
 
     def __enter__(self) -> capture:
         rec = self._recorder = Recorder(self.path, self.options)
@@ -122,6 +123,10 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
         self._recorder.set_step(self._recorder.step + 1)
         return self._recorder.step
 
+    def abort(self) -> None:
+        """Discard this capture: no bundle is written when the block exits."""
+        self._aborted = True
+
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if self._mode is not None:
             self._mode.__exit__(exc_type, exc, tb)
@@ -133,7 +138,7 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
             self._input_hook = None
         rec = self._recorder
         assert rec is not None
-        if exc_type is not None and not isinstance(exc, Exception):
+        if self._aborted or (exc_type is not None and not isinstance(exc, Exception)):
             rec.abort()  # KeyboardInterrupt / SystemExit: leave no bundle behind
             return
         if exc_type is not None:

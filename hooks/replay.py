@@ -38,6 +38,7 @@ def replay(
     variant: str = "fp32",
     golden: bool = False,
     mode: str = "full",
+    run: dict[str, Any] | None = None,
 ) -> Path:
     """Re-run every replayable op of ``reference`` and write the outputs to ``out``.
 
@@ -45,6 +46,7 @@ def replay(
     fp8 change which ops a model runs, so they cannot be replayed op by op: capture them instead.
     ``spec`` is only noted in the run metadata (the ops need no model). Ops that cannot be
     replayed (no call recorded, an input over the byte budget, a failure) become diagnostics.
+    ``run`` adds fields to the manifest's run metadata (a label, target name and tags).
     """
     if variant not in ("fp32", *_CASTS):
         raise ValueError(f"replay supports fp32, fp16 and bf16, not {variant!r}: int8/fp8 replace whole modules, "
@@ -55,7 +57,7 @@ def replay(
         raise ValueError(f"{reference} records no ATen calls: capture the reference with inputs=True (level aten)")
     target_device = "cpu" if golden else device
     cast = torch.float64 if golden else _CASTS.get(variant)
-    run = {"replay_of": str(reference), "spec": spec, "device": target_device,
+    run = {**(run or {}), "replay_of": str(reference), "spec": spec, "device": target_device,
            "variant": "fp64-golden" if golden else variant, "golden": golden,
            "reference_run": {k: v for k, v in ref.manifest.run.items() if k != "calls"}}
     rec = Recorder(Path(out), CaptureOptions(level="aten", mode=mode, progress=False))

@@ -8,9 +8,10 @@ from typing import Any
 
 import torch
 
+from accuracy.manifest import RunNames
 from hooks import devices
 from hooks.capture import capture
-from hooks.spec import load_spec
+from hooks.spec import UserCodeError, load_spec
 from hooks.variants import apply_variant
 
 
@@ -60,28 +61,36 @@ def run_capture(
     seed: int = 0,
     replay: str | os.PathLike[str] | None = None,
     golden: bool = False,
+    names: RunNames | None = None,
     **options: Any,
 ) -> Path:
     """Capture one forward pass of the SPEC's model and return the bundle path.
 
     With ``replay=REF_BUNDLE`` the model is not run: each ATen op of REF (captured with
     ``inputs=True``) is re-run alone on ``device``/``variant`` (``golden``: float64 on CPU).
+    ``names`` (label, target name, tags) go into the manifest's ``run``. When the SPEC's function
+    or the forward pass raises, no bundle is written and :class:`UserCodeError` says where.
     """
+    named = names.model_dump(exclude_defaults=True) if names is not None else {}
     device = device or ("cpu" if variant == "int8" else devices.default_device())
     if not (replay is not None and golden):  # a golden replay runs on the CPU whatever ``device`` says
         check_device(device)
     if replay is not None:
         from hooks.replay import replay as replay_ops
 
-        return replay_ops(replay, spec, out, device=device, variant=variant, golden=golden, mode=mode)
+        return replay_ops(replay, spec, out, device=device, variant=variant, golden=golden, mode=mode, run=named)
     torch.manual_seed(seed)
     model, inputs = load_spec(spec)
     model, inputs, notes = apply_variant(model.eval(), inputs, variant, device)
-    run = {"spec": spec, "device": device, "seed": seed, **notes}
+    run = {"spec": spec, "device": device, "seed": seed, **notes, **named}
     with torch.no_grad(), capture(model, out, level=level, mode=mode, run=run, **options) as cap:
-        if isinstance(inputs, dict):
-            model(**inputs)
-        else:
-            model(*inputs)
+        try:
+            if isinstance(inputs, dict):
+                model(**inputs)
+            else:
+                model(*inputs)
+        except Exception as e:
+            cap.abort()  # a half-run is no capture: leave no bundle to upload by mistake
+            raise UserCodeError("the model's forward pass", e) from e
     assert cap.bundle_path is not None
     return cap.bundle_path

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
+import sysconfig
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,10 +17,55 @@ class SpecError(ValueError):
     """The SPEC cannot be loaded; the message says how to fix it."""
 
 
+class UserCodeError(Exception):
+    """The user's own code (the SPEC's build function or the model's forward pass) raised: the
+    message is a few lines naming the exception and where in the user's code it happened."""
+
+    def __init__(self, what: str, error: BaseException) -> None:
+        self.error = error
+        self.frames = user_frames(error)
+        lines = [f"{what} raised {type(error).__name__}: {str(error).strip()[:1000]}"]
+        for f in self.frames[-3:]:
+            lines.append(f"  at {_short(f.filename)}:{f.lineno} in {f.name}" + (f": {f.line.strip()}" if f.line else ""))
+        super().__init__("\n".join(lines))
+
+    @property
+    def location(self) -> str | None:
+        """``file:line`` of the innermost frame in the user's code (None if there is none)."""
+        return f"{_short(self.frames[-1].filename)}:{self.frames[-1].lineno}" if self.frames else None
+
+
+def _library_dirs() -> tuple[str, ...]:
+    """Folders whose frames are not the user's code: the standard library, torch, and opband itself."""
+    dirs = {sysconfig.get_paths()["stdlib"], str(Path(__file__).resolve().parent)}
+    for name in ("torch", "accuracy", "typer", "click"):
+        mod = sys.modules.get(name)
+        if mod is not None and getattr(mod, "__file__", None):
+            dirs.add(str(Path(mod.__file__).resolve().parent))  # type: ignore[arg-type]
+    return tuple(d + os.sep for d in dirs)
+
+
+def user_frames(error: BaseException) -> list[traceback.FrameSummary]:
+    """The frames of ``error``'s traceback that are in the user's code, outermost first."""
+    skip = _library_dirs()
+    return [f for f in traceback.extract_tb(error.__traceback__)
+            if not str(Path(f.filename).resolve()).startswith(skip) and not f.filename.startswith("<")]
+
+
+def _short(filename: str) -> str:
+    try:
+        return str(Path(filename).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return filename
+
+
 def load_spec(spec: str) -> tuple[Any, Any]:
     """Call the SPEC's function and return ``(model, example_inputs)``."""
     fn = _resolve(spec)
-    result = fn()
+    try:
+        result = fn()
+    except Exception as e:
+        raise UserCodeError(f"{spec}", e) from e
     if not (isinstance(result, tuple) and len(result) == 2):
         raise SpecError(f"{spec} must return (model, example_inputs), got {type(result).__name__}")
     model, inputs = result

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from alembic import context
 
-from api.db import make_engine
-from api.models import Base
+from api.store.db import make_engine
+from api.store.models import Base
 from api.settings import Settings
 
 config = context.config

@@ -78,7 +78,7 @@ def free_port() -> int:
 
 def start_server(data_dir: Path, database_url: str, extra_env: dict[str, str] | None = None) -> LiveServer:
     """Migrate, then start ``opband serve`` in a subprocess (a real uvicorn) and wait until healthy."""
-    from api.db import upgrade
+    from api.store.db import upgrade
 
     upgrade(database_url)
     port = free_port()
@@ -86,7 +86,7 @@ def start_server(data_dir: Path, database_url: str, extra_env: dict[str, str] | 
     log = data_dir / "server.log"
     data_dir.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "api.cli", "serve", "--port", str(port), "--data-dir", str(data_dir)],
+        [sys.executable, "-m", "opband.cli", "serve", "--port", str(port), "--data-dir", str(data_dir)],
         env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
@@ -145,7 +145,7 @@ class SynthOp:
 
 
 def write_bundle(path: Path, ops: list[SynthOp], *, target: bool = False, variant: str = "fp32",
-                 environment: dict | None = None, seed: int = 0) -> Path:  # type: ignore[type-arg]
+                 environment: dict | None = None, seed: int = 0, run: dict | None = None) -> Path:  # type: ignore[type-arg]
     """A real opband bundle (accuracy.bundle.BundleWriter) from random float32 values.
 
     The reference values depend only on each op's position, so a reference and a target written
@@ -174,13 +174,14 @@ def write_bundle(path: Path, ops: list[SynthOp], *, target: bool = False, varian
                                   index=i, input_shapes=[list(o.shape)], input_dtypes=["float32"],
                                   shape=list(o.shape), dtype="float32", tensor=name))
         env = {"torch": "2.13.0", "device": "cpu", "threads": 2, **(environment or {})}
-        return w.close(Manifest(run={"variant": variant, "device": env["device"], "level": "aten", "mode": "full"},
+        return w.close(Manifest(run={"variant": variant, "device": env["device"], "level": "aten", "mode": "full",
+                                     **(run or {})},
                                 environment=env, records=records))
 
 
 def create_token(server: LiveServer, project: str, read_only: bool = False) -> str:
     """``opband token create`` against the server's database, as an operator would run it."""
-    args = [sys.executable, "-m", "api.cli", "token", "create", "--project", project, "--data-dir", str(server.data_dir)]
+    args = [sys.executable, "-m", "opband.cli", "token", "create", "--project", project, "--data-dir", str(server.data_dir)]
     out = subprocess.run(args + (["--read-only"] if read_only else []), capture_output=True, text=True, timeout=60,
                          env={**os.environ, "OPBAND_DATABASE_URL": server.database_url})
     assert out.returncode == 0, out.stderr
@@ -193,7 +194,7 @@ def start_worker(data_dir: Path, database_url: str, extra_env: dict[str, str] | 
     data_dir.mkdir(parents=True, exist_ok=True)
     log = data_dir / f"{log_name}.log"
     env = {**os.environ, "OPBAND_DATABASE_URL": database_url, "OPBAND_DATA_DIR": str(data_dir), **(extra_env or {})}
-    proc = subprocess.Popen([sys.executable, "-m", "api.cli", "worker", "--data-dir", str(data_dir)],
+    proc = subprocess.Popen([sys.executable, "-m", "opband.cli", "worker", "--data-dir", str(data_dir)],
                             env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
     return proc, log
 

@@ -21,7 +21,7 @@ def test_empty_bundles_are_an_error_not_a_pass(tmp_path: Path, demo_bundles: dic
         accuracy.compare(empty, empty)
     with pytest.raises(accuracy.OpbandError, match="target 0"):
         accuracy.compare(demo_bundles["ref"], empty)
-    r = subprocess.run([sys.executable, "-m", "api.cli", "compare", str(demo_bundles["ref"]), str(empty)],
+    r = subprocess.run([sys.executable, "-m", "opband.cli", "compare", str(demo_bundles["ref"]), str(empty)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "nothing to compare" in r.stderr
 

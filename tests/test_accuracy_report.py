@@ -42,9 +42,9 @@ def small_report() -> ComparisonReport:
                             counts=counts)
 
 
-TEXT = "                                            opband compare (propagated): fp32 vs fp32                                             \n┏━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━━━━━┳━━━━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━┳━━━━━━━━┳━━━━━━━━┳━━━━━━━━━━┓\n┃ verdict          ┃ op key               ┃ input shapes ┃ dtype   ┃  norm_l2 ┃  max_abs ┃  max_rel ┃ cosine ┃ snr_db ┃    limit ┃\n┡━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━━━━━╇━━━━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━╇━━━━━━━━╇━━━━━━━━╇━━━━━━━━━━┩\n│ FAIL             │ m.l1.act/aten.gelu#0 │ 2x4          │ float32 │    0.163 │     0.25 │      1.5 │ 0.9867 │  15.75 │ 3.05e-05 │\n│ FAIL (inherited) │ m.l1.down/aten.mm#0  │ 2x4,4x4      │ float32 │     0.05 │      0.1 │      0.4 │ 0.9988 │     26 │ 3.05e-05 │\n│ PASS             │ m.l0.mlp/aten.mm#0   │ 2x4,4x4      │ float32 │ 1.00e-07 │ 2.00e-07 │ 3.00e-07 │      1 │    140 │ 3.05e-05 │\n│ NEW              │ m.l1.act/aten.mul#0  │              │ float32 │        - │        - │        - │      - │      - │        - │\n└──────────────────┴──────────────────────┴──────────────┴─────────┴──────────┴──────────┴──────────┴────────┴────────┴──────────┘\nFAILED | m.l1.act/aten.gelu#0 | norm L2 err 1.6e-01 > budget 3.1e-05 (default float32/propagated)\nFAILED | fail | 4 ops: 1 pass, 1 new, 2 fail\nFAILED | first divergence: m.l1.act/aten.gelu#0 (op aten.gelu, module m.l1.act, input shapes 2x4) | norm L2 err 1.6e-01 > budget 3.1e-05 (default float32/propagated)\nNote: later failures marked 'inherited' carry this op's error downstream; re-run with `opband capture --replay` to measure each op on its own inputs.\n"
+TEXT = "                                            opband compare (propagated): fp32 vs fp32                                             \n┏━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━━━━━┳━━━━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━┳━━━━━━━━┳━━━━━━━━┳━━━━━━━━━━┓\n┃ verdict          ┃ op key               ┃ input shapes ┃ dtype   ┃  norm_l2 ┃  max_abs ┃  max_rel ┃ cosine ┃ snr_db ┃   budget ┃\n┡━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━━━━━╇━━━━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━╇━━━━━━━━╇━━━━━━━━╇━━━━━━━━━━┩\n│ FAIL             │ m.l1.act/aten.gelu#0 │ 2x4          │ float32 │    0.163 │     0.25 │      1.5 │ 0.9867 │  15.75 │ 3.05e-05 │\n│ FAIL (inherited) │ m.l1.down/aten.mm#0  │ 2x4,4x4      │ float32 │     0.05 │      0.1 │      0.4 │ 0.9988 │     26 │ 3.05e-05 │\n│ PASS             │ m.l0.mlp/aten.mm#0   │ 2x4,4x4      │ float32 │ 1.00e-07 │ 2.00e-07 │ 3.00e-07 │      1 │    140 │ 3.05e-05 │\n│ NEW              │ m.l1.act/aten.mul#0  │              │ float32 │        - │        - │        - │      - │      - │        - │\n└──────────────────┴──────────────────────┴──────────────┴─────────┴──────────┴──────────┴──────────┴────────┴────────┴──────────┘\nFAILED | m.l1.act/aten.gelu#0 | norm L2 err 1.6e-01 > budget 3.1e-05 (default float32/propagated)\nFAILED | fail | 4 ops: 1 pass, 1 new, 2 fail\nFAILED | first divergence: m.l1.act/aten.gelu#0 (op aten.gelu, module m.l1.act, input shapes 2x4) | norm L2 err 1.6e-01 > budget 3.1e-05 (default float32/propagated)\nNote: later failures marked 'inherited' carry this op's error downstream; re-run with `opband capture --replay` to measure each op on its own inputs.\n"
 
-MARKDOWN = "## opband: FAIL\n\n```\nFAILED | fail | 4 ops: 1 pass, 1 new, 2 fail\nFAILED | first divergence: m.l1.act/aten.gelu#0 (op aten.gelu, module m.l1.act, input shapes 2x4) | norm L2 err 1.6e-01 > budget 3.1e-05 (default float32/propagated)\nNote: later failures marked 'inherited' carry this op's error downstream; re-run with `opband capture --replay` to measure each op on its own inputs.\n```\n\n| verdict | op key | input shapes | dtype | norm_l2 | max_abs | max_rel | cosine | snr_db | reason |\n|---|---|---|---|---|---|---|---|---|---|\n| fail | `m.l1.act/aten.gelu#0` | 2x4 | float32 | 0.163 | 0.25 | 1.5 | 0.9867 | 15.75 | norm L2 err 1.6e-01 > budget 3.1e-05 (default float32/propagated) |\n| fail (inherited) | `m.l1.down/aten.mm#0` | 2x4,4x4 | float32 | 0.05 | 0.1 | 0.4 | 0.9988 | 26 | norm L2 err 5.0e-02 > budget 3.1e-05 (default float32/propagated) |\n| pass | `m.l0.mlp/aten.mm#0` | 2x4,4x4 | float32 | 1.00e-07 | 2.00e-07 | 3.00e-07 | 1 | 140 | norm L2 err 1.0e-07 <= budget 3.1e-05 (default float32/propagated) |\n| new | `m.l1.act/aten.mul#0` |  | float32 | - | - | - | - | - | only in the target: no aten.mul at this position of module 'm.l1.act' on the other side |\n\n1 unmatched record(s):\n\n- `m.l1.act/aten.mul#0` (target): no aten.mul at this position of module 'm.l1.act' on the other side\n"
+MARKDOWN = "## opband: FAIL\n\ntarget **fp32** vs reference **fp32**\n\n```\nFAILED | fail | 4 ops: 1 pass, 1 new, 2 fail\nFAILED | first divergence: m.l1.act/aten.gelu#0 (op aten.gelu, module m.l1.act, input shapes 2x4) | norm L2 err 1.6e-01 > budget 3.1e-05 (default float32/propagated)\nNote: later failures marked 'inherited' carry this op's error downstream; re-run with `opband capture --replay` to measure each op on its own inputs.\n```\n\n| verdict | op key | input shapes | dtype | norm_l2 | max_abs | max_rel | cosine | snr_db | budget | reason |\n|---|---|---|---|---|---|---|---|---|---|---|\n| fail | `m.l1.act/aten.gelu#0` | 2x4 | float32 | 0.163 | 0.25 | 1.5 | 0.9867 | 15.75 | 3.05e-05 | norm L2 err 1.6e-01 > budget 3.1e-05 (default float32/propagated) |\n| fail (inherited) | `m.l1.down/aten.mm#0` | 2x4,4x4 | float32 | 0.05 | 0.1 | 0.4 | 0.9988 | 26 | 3.05e-05 | norm L2 err 5.0e-02 > budget 3.1e-05 (default float32/propagated) |\n| pass | `m.l0.mlp/aten.mm#0` | 2x4,4x4 | float32 | 1.00e-07 | 2.00e-07 | 3.00e-07 | 1 | 140 | 3.05e-05 | norm L2 err 1.0e-07 <= budget 3.1e-05 (default float32/propagated) |\n| new | `m.l1.act/aten.mul#0` |  | float32 | - | - | - | - | - | - | only in the target: no aten.mul at this position of module 'm.l1.act' on the other side |\n\n1 unmatched record(s):\n\n- `m.l1.act/aten.mul#0` (target): no aten.mul at this position of module 'm.l1.act' on the other side\n"
 
 
 def test_terminal_table_golden() -> None:
@@ -84,8 +84,32 @@ def test_html_is_standalone_with_a_histogram_per_op() -> None:
     rep = small_report()
     rep.ops[0].key = "m.l1.act/<script>#0"
     page = report.to_html(rep)
-    assert page.startswith("<!doctype html>") and "http" not in page and "<script>" not in page
-    assert "&lt;script&gt;" in page
+    assert page.startswith("<!doctype html>") and "http" not in page
+    assert "&lt;script&gt;" in page and page.count("<script>") == 1  # the key escaped; only the pager's script
     assert page.count('<svg width="240" height="40" class="hist"') == 3  # the three ops with metrics
     assert page.count("<rect ") == 3 * 4  # four non-empty slots each
     assert "FAILED | fail | 4 ops" in page
+
+
+def test_html_names_both_runs_diffs_their_environment_and_holds_every_op() -> None:
+    import dataclasses
+
+    rep = small_report()
+    rep.reference = {"path": "ref.bundle", "records": 3, "run": {"variant": "fp32", "device": "cuda:0", "label": "gpu-ref"},
+                     "environment": {"torch": "2.13.0", "cuda": "12.4", "threads": 8}}
+    rep.target = {"path": "tgt.bundle", "records": 4,
+                  "run": {"variant": "bf16", "device": "npu:0", "label": "nightly-7", "target": "ascend-910b/bf16",
+                          "tags": {"cann": "8.0.RC2"}},
+                  "environment": {"torch": "2.13.0", "cann": "8.0.RC2", "threads": 8}}
+    rep.ops = rep.ops + [dataclasses.replace(rep.ops[0], key=f"m.extra{i}/aten.mm#0", index=10 + i) for i in range(446)]
+    page = report.to_html(rep)
+    assert page.count("<tr class=") == 450 and "m.extra445/aten.mm#0" in page  # never cut at 200
+    assert "ops, worst first: 450</h2>" in page and "var size = 200" in page  # paged by the script
+    assert "target <b>nightly-7 (ascend-910b/bf16, bf16@npu:0)</b> vs reference <b>gpu-ref (fp32@cuda:0)</b>" in page
+    assert "<th>tags</th><td>-</td><td>cann=8.0.RC2</td>" in page
+    assert "environment diff: 4 changed, 2 the same" in page  # cann, cuda, run.device, run.variant
+    for field in ("environment.cann", "environment.cuda", "run.device", "run.variant"):
+        assert f"<code>{field}</code>" in page
+    assert "<code>environment.torch</code>" not in page
+    short = report.to_html(rep, limit=10)
+    assert short.count("<tr class=") == 10 and "ops, worst first: 10 (the worst 10 of 450)</h2>" in short

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 from service_fixtures import LiveServer, SynthOp, create_token, start_server, stop_server, upload_bytes, write_bundle
 
-from api.models import Token
+from api.store.models import Token
 from api.settings import Settings
 
 
@@ -32,7 +32,7 @@ def test_tokens_guard_reads_and_writes(secured: LiveServer, tmp_path: Path) -> N
     write_b = create_token(secured, "beta")
     assert write_a.startswith("opb_") and write_a != read_a
 
-    from api.db import Database
+    from api.store.db import Database
 
     db = Database(Settings(database_url=secured.database_url, data_dir=secured.data_dir))
     with db.session() as s:

@@ -206,7 +206,7 @@ def test_non_finite_failures_sort_first_and_regressions_name_their_target(live_s
         assert [o["verdict"] for o in worst[:3]] == ["fail"] * 3 and worst[3]["verdict"] == "pass"
         assert all(isinstance(o["severity"], float) for o in worst if o["key"] != "m.l7/aten.mm#0")
         assert [o["key"] for o in worst if o["nonfinite"]] == ["m.l7/aten.mm#0"]
-        from api.gate import gate_table
+        from opband.gate import gate_table
 
         row = next(line for line in gate_table(cmp, worst).splitlines() if "m.l7/aten.mm#0" in line)
         assert "NaN/Inf" in row  # not the finite part's norm_l2 of 0, which would read as a perfect op

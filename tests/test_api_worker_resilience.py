@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from service_fixtures import SynthOp, write_bundle
 
-import api.jobs as jobs
+import api.jobs.comparisons as jobs
 from api.auth import get_or_create_project
-from api.db import upgrade
-from api.ingest import SpooledUpload, store_bundle
-from api.models import Comparison
+from api.store.db import upgrade
+from api.store.ingest import SpooledUpload, store_bundle
+from api.store.models import Comparison
 from api.services import Services
 from api.settings import Settings
 

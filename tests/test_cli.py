@@ -9,7 +9,7 @@ from pathlib import Path
 
 
 def opband(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "api.cli", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "opband.cli", *args], capture_output=True, text=True, timeout=timeout)
 
 
 def test_capture_and_compare_offline(tmp_path: Path) -> None:
@@ -66,11 +66,11 @@ def test_unwritable_outputs_and_bad_config_exit_2(tmp_path: Path, demo_bundles: 
     bad = tmp_path / "bad.yaml"
     bad.write_text("ops: [unclosed")
     r = opband("compare", ref, ref, "--budgets", str(bad))
-    assert r.returncode == 2 and "cannot read budgets file" in r.stderr
+    assert r.returncode == 2 and "is not valid YAML" in r.stderr
     listed = tmp_path / "list.yaml"
     listed.write_text("- 1\n- 2\n")
     r = opband("compare", ref, ref, "--budgets", str(listed))
-    assert r.returncode == 2 and "must hold a mapping" in r.stderr
+    assert r.returncode == 2 and "must be a mapping" in r.stderr
     r = opband("capture", "hooks.demo_model:build", "-o", "/proc/opband-test.bundle", "--device", "cpu")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
 

@@ -12,8 +12,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect
 
-from api.db import SchemaOutOfDate, current_revision, downgrade, head_revision, make_engine, upgrade
-from api.models import Base
+from api.store.db import SchemaOutOfDate, current_revision, downgrade, head_revision, make_engine, upgrade
+from api.store.models import Base
 from api.settings import Settings
 
 
@@ -116,7 +116,7 @@ def test_worker_and_token_refuse_out_of_date_schema(pg_url: str, tmp_path: Path)
     """Non-embedded databases are never migrated behind the operator's back: `opband serve` says what to run."""
     env = {"OPBAND_DATABASE_URL": pg_url, "PATH": "/usr/bin:/bin"}
     for args in (["serve", "--port", "0"], ["worker"], ["token", "create", "--project", "p"]):
-        out = subprocess.run([sys.executable, "-m", "api.cli", *args, "--data-dir", str(tmp_path)],
+        out = subprocess.run([sys.executable, "-m", "opband.cli", *args, "--data-dir", str(tmp_path)],
                              capture_output=True, text=True, timeout=60, env=env)
         assert out.returncode != 0, args
         assert "opband db upgrade" in out.stderr, (args, out.stderr[-2000:])

@@ -109,7 +109,7 @@ def test_gate_exit_codes(live_server: LiveServer, demo_bundles: dict[str, Path],
 
     def gate(target: Path, server: str = live_server.url) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "api.cli", "gate", "--server", server, "--project", "g",
+            [sys.executable, "-m", "opband.cli", "gate", "--server", server, "--project", "g",
              "--reference", str(demo_bundles["ref"]), "--target", str(target),
              "--junit", str(tmp_path / "junit.xml"), "--markdown", str(tmp_path / "gate.md")],
             capture_output=True, text=True, timeout=300,

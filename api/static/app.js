@@ -1,92 +1,99 @@
-// opband dashboard: comparisons, the worst ops of one, and drift of a metric per op key.
+// opband dashboard: a hash router over the pages; every view has a permalink.
+//   #/p/{project}                     overview: targets x latest verdict, open regressions, recent comparisons, drift
+//   #/p/{project}/heatmap?target=     ops x runs, colour = severity
+//   #/p/{project}/regressions?status= regressions with acknowledge / accept-with-expiry, and their audit
+//   #/p/{project}/baselines           baselines and their comparisons
+//   #/comparison/{id}?verdict=&module=&op=&search=&fold=&offset=   every op of one comparison
+//   #/op/{project}/{key}?target=&metric=&run=                      one op's history, band, histogram, stats
 "use strict";
-const api = (path) => fetch("/api/v1" + path).then(async (r) => {
-  if (!r.ok) throw new Error((await r.json().catch(() => ({}))).detail || r.statusText);
-  return r.json();
-});
-const $ = (sel) => document.querySelector(sel);
-const fmt = (v) => v === null || v === undefined ? "-" : (v === 0 ? "0" :
-  (Math.abs(v) >= 1e4 || Math.abs(v) < 1e-3 ? v.toExponential(2) : Number(v.toPrecision(4)).toString()));
-const badge = (v) => `<span class="badge ${v}">${v}</span>`;
-const esc = (s) => String(s ?? "").replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" }[c]));
-const state = { project: null, comparison: null };
+import { $, $$, api, esc, enc, notice, TOKEN_KEY, AUTHOR_KEY, token, author } from "./ui.js";
+import * as overview from "./page_overview.js";
+import * as comparison from "./page_comparison.js";
+import * as op from "./page_op.js";
+import * as heatmap from "./page_heatmap.js";
+import * as regressions from "./page_regressions.js";
+import * as baselines from "./page_baselines.js";
 
-function setStatus(text) { $("#status").textContent = text; }
+const PROJECT_PAGES = { "": overview, heatmap, regressions, baselines };
+let generation = 0;
+let projects = [];
+
+/** The page and its parameters named by the current hash. */
+export function parseHash(hash = location.hash) {
+  const [path, query = ""] = hash.replace(/^#/, "").split("?");
+  const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+  const q = Object.fromEntries(new URLSearchParams(query));
+  if (parts[0] === "p" && parts[1]) return { page: PROJECT_PAGES[parts[2] || ""], name: parts[2] || "", project: parts[1], q };
+  if (parts[0] === "comparison" && parts[1]) return { page: comparison, name: "comparison", id: parts[1], q };
+  if (parts[0] === "op" && parts[1] && parts.length >= 3) {
+    return { page: op, name: "op", project: parts[1], key: parts.slice(2).join("/"), q };
+  }
+  return { page: null, name: "home", q };
+}
+
+function setProject(project) {
+  const sel = $("#project");
+  if (project && ![...sel.options].some((o) => o.value === project)) sel.add(new Option(project, project));
+  if (project) sel.value = project;
+  $$("#nav a[data-page]").forEach((a) => {
+    a.href = project ? `#/p/${enc(project)}${a.dataset.page ? "/" + a.dataset.page : ""}` : "#/";
+  });
+}
+
+function markNav(name) {
+  $$("#nav a[data-page]").forEach((a) => a.classList.toggle("active", a.dataset.page === name));
+}
+
+async function route() {
+  const mine = ++generation;
+  const view = $("#view");
+  const r = parseHash();
+  if (!r.page) {  // home: the first project, or the legacy ?project= link
+    const wanted = new URLSearchParams(location.search).get("project");
+    const first = wanted || projects[0]?.name;
+    if (first) { location.replace(`#/p/${enc(first)}`); return; }
+    view.innerHTML = `<section><h2>No projects yet</h2><p class="empty">Upload two bundles and compare them
+      (<code>opband gate</code> or <code>opband demo</code>). A private project needs a token: set it under <b>token</b>.</p></section>`;
+    return;
+  }
+  if (r.project) setProject(r.project);
+  markNav(r.name);
+  view.innerHTML = `<p class="loading">loading…</p>`;
+  $("#crumbs").innerHTML = "";
+  try {
+    const stale = () => mine !== generation;
+    await r.page.render(view, r, { stale, setProject, crumbs: (html) => { $("#crumbs").innerHTML = html; } });
+    if (!stale()) $("#status").textContent = "updated " + new Date().toLocaleTimeString();
+  } catch (e) {
+    if (mine !== generation) return;
+    view.innerHTML = `<section><div id="page-error"></div></section>`;
+    notice($("#page-error"), e.message + (e.status === 401 || e.status === 403 ? " (set a token under 'token', top right)" : ""));
+  }
+}
 
 async function loadProjects() {
-  const { data } = await api("/projects");
+  try {
+    projects = (await api("/projects")).data;
+  } catch (e) {
+    projects = [];
+  }
   const sel = $("#project");
-  sel.innerHTML = data.map((p) => `<option>${esc(p.name)}</option>`).join("");
-  const wanted = new URLSearchParams(location.search).get("project");
-  if (wanted && data.some((p) => p.name === wanted)) sel.value = wanted;
-  state.project = sel.value || null;
-  if (!state.project) { setStatus("no projects yet"); $("#no-comparisons").hidden = false; return; }
-  await refresh();
+  sel.innerHTML = projects.map((p) => `<option value="${esc(p.name)}">${esc(p.name)}</option>`).join("");
 }
 
-async function refresh() {
-  await Promise.all([loadComparisons(), loadDrift()]);
-  setStatus("updated " + new Date().toLocaleTimeString());
+function settings() {
+  $("#token").value = token();
+  $("#author").value = author();
+  $("#settings-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    localStorage.setItem(TOKEN_KEY, $("#token").value.trim());
+    localStorage.setItem(AUTHOR_KEY, $("#author").value.trim());
+    $("#settings").open = false;
+    loadProjects().then(route);
+  });
 }
 
-async function loadComparisons() {
-  const { data } = await api(`/projects/${encodeURIComponent(state.project)}/comparisons?limit=50`);
-  $("#no-comparisons").hidden = data.length > 0;
-  const targets = new Set();
-  $("#comparisons tbody").innerHTML = data.map((c) => {
-    targets.add(`${c.target_variant}@${c.target_device}`);
-    const counts = Object.entries(c.counts || {}).filter(([, n]) => n).map(([v, n]) => `${n} ${v}`).join(", ");
-    const fd = c.first_divergence ? `<code>${esc(c.first_divergence.key)}</code>` : (c.error ? esc(c.error) : "-");
-    return `<tr class="selectable" data-id="${c.id}"><td>${new Date(c.created_at).toLocaleString()}</td>
-      <td>${esc(c.target_variant)}@${esc(c.target_device)}</td><td>${esc(c.mode)}</td><td>${badge(c.status)}</td>
-      <td>${c.verdict ? badge(c.verdict) : "-"}</td><td>${esc(counts)}</td><td>${fd}</td></tr>`;
-  }).join("");
-  const tsel = $("#target");
-  const current = tsel.value;
-  tsel.innerHTML = `<option value="">worst of all</option>` + [...targets].map((t) => `<option>${esc(t)}</option>`).join("");
-  tsel.value = [...targets].includes(current) ? current : "";
-  document.querySelectorAll("#comparisons tbody tr").forEach((tr) => tr.addEventListener("click", () => selectComparison(tr.dataset.id)));
-  const done = data.find((c) => c.status === "done");
-  if (!state.comparison && done) await selectComparison(done.id);
-}
-
-async function selectComparison(id) {
-  state.comparison = id;
-  document.querySelectorAll("#comparisons tbody tr").forEach((tr) => tr.classList.toggle("selected", tr.dataset.id === id));
-  const { data, count } = await api(`/comparisons/${id}/ops?limit=15&sort=worst&order=desc`);
-  $("#ops-title").textContent = `(${data.length} of ${count})`;
-  $("#ops tbody").innerHTML = data.map((o) => `<tr><td>${badge(o.verdict)}${o.inherited ? " inherited" : ""}</td>
-    <td><code>${esc(o.key)}</code></td><td>${esc(o.shape_signature)}</td><td>${esc(o.dtype)}</td>
-    <td class="num">${fmt(o.norm_l2)}</td><td class="num">${fmt(o.max_abs)}</td><td class="num">${fmt(o.max_rel)}</td>
-    <td class="num">${fmt(o.cosine)}</td><td class="num">${fmt(o.budget && o.budget.norm_l2)}</td>
-    <td class="reason">${esc(o.reason)}</td></tr>`).join("");
-}
-
-async function loadDrift() {
-  const metric = $("#metric").value;
-  const target = $("#target").value;
-  const q = new URLSearchParams({ metric, series: "8", points: "100" });
-  if (target) q.set("target", target);
-  const series = await api(`/projects/${encodeURIComponent(state.project)}/drift?${q}`);
-  const traces = series.filter((s) => s.points.length).map((s) => ({
-    type: "scatter", mode: "lines+markers", name: `${s.key} [${s.target}]`,
-    x: s.points.map((p) => p.created_at), y: s.points.map((p) => p.value),
-    text: s.points.map((p) => `${p.verdict}; budget ${fmt(p.budget)}`),
-    hovertemplate: "%{y:.3e}<br>%{text}<extra>%{fullData.name}</extra>",
-  }));
-  $("#no-drift").hidden = traces.length > 0;
-  const logY = metric !== "cosine" && metric !== "snr_db";
-  await Plotly.react("drift", traces, {
-    margin: { t: 10, r: 10, l: 60, b: 40 }, legend: { orientation: "h", y: -0.2, font: { size: 11 } },
-    yaxis: logY ? { title: { text: metric }, type: "log", tickformat: ".3~g" }
-               : { title: { text: metric }, type: "linear" },
-    xaxis: { title: { text: "comparison time" } },
-  }, { displaylogo: false, responsive: true });
-  window.opbandDriftPoints = traces.reduce((n, t) => n + t.y.filter((v) => v !== null).length, 0);
-}
-
-$("#project").addEventListener("change", (e) => { state.project = e.target.value; state.comparison = null; refresh(); });
-$("#metric").addEventListener("change", loadDrift);
-$("#target").addEventListener("change", loadDrift);
-loadProjects().catch((e) => setStatus("error: " + e.message));
-setInterval(() => state.project && refresh().catch((e) => setStatus("error: " + e.message)), 15000);
+$("#project").addEventListener("change", (e) => { location.hash = `#/p/${enc(e.target.value)}`; });
+window.addEventListener("hashchange", route);
+settings();
+loadProjects().then(route);

@@ -8,9 +8,11 @@ from datetime import UTC, datetime
 from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 
-from api.db import Database
+from api.store.db import Database
 from api.errors import Conflict, InvalidInput, NotFound
-from api.models import AcceptedDeviation, Baseline, BaselineMember, Comparison, Project, Regression, utcnow
+from api.store.models import (
+    AcceptedDeviation, Baseline, BaselineMember, Comparison, Project, Regression, RegressionEvent, utcnow,
+)
 from api.schemas import BaselinePublic, DeviationCreate, DeviationPublic
 
 
@@ -98,6 +100,8 @@ def create_deviation(db: Database, project: Project, body: DeviationCreate) -> D
                                                       Regression.status.in_(("active", "acknowledged")))):
             if fnmatch.fnmatchcase(reg.key, d.key_pattern) and d.shape_signature in (None, reg.shape_signature):
                 reg.status, reg.accepted_by, reg.updated_at = "accepted", d.id, utcnow()
+                s.add(RegressionEvent(project_id=project.id, regression_id=reg.id, status="accepted", actor=d.author,
+                                      note=d.reason, deviation_id=d.id, expires_at=d.expires_at))
                 matched += 1
         out = DeviationPublic.model_validate(d)
         out.accepted_regressions = matched
@@ -113,7 +117,7 @@ def list_deviations(db: Database, project: Project, include_expired: bool = Fals
                 if include_expired or d.expires_at is None or _aware(d.expires_at) > now]
 
 
-def delete_deviation(db: Database, project: Project, deviation_id: int) -> None:
+def delete_deviation(db: Database, project: Project, deviation_id: int, actor: str = "anonymous") -> None:
     """Withdraw an acceptance: the regressions it accepted are open ("active") again."""
     with db.session() as s:
         # FOR UPDATE: a job crediting this deviation (its FK check takes a key-share lock on the row)
@@ -123,15 +127,23 @@ def delete_deviation(db: Database, project: Project, deviation_id: int) -> None:
                                                        AcceptedDeviation.project_id == project.id)
                     .with_for_update()) is None:
             raise NotFound(f"accepted deviation {deviation_id} does not exist in project {project.name!r}")
-        s.execute(update(Regression).where(Regression.accepted_by == deviation_id, Regression.status == "accepted")
+        reopened = list(s.scalars(select(Regression.id).where(Regression.accepted_by == deviation_id,
+                                                              Regression.status == "accepted")))
+        s.execute(update(Regression).where(Regression.id.in_(reopened))
                   .values(status="active", accepted_by=None, updated_at=utcnow()))
+        s.add_all(RegressionEvent(project_id=project.id, regression_id=r, status="active", actor=actor,
+                                  note=f"accepted deviation {deviation_id} withdrawn", deviation_id=deviation_id)
+                  for r in reopened)
         s.execute(delete(AcceptedDeviation).where(AcceptedDeviation.id == deviation_id))
 
 
-def set_regression_status(db: Database, regression_id: int, status: str) -> Regression:
+def set_regression_status(db: Database, regression_id: int, status: str, actor: str = "anonymous",
+                          note: str | None = None) -> Regression:
+    """A person's decision about a regression (kept by later comparisons), recorded in its audit."""
     with db.session() as s:
         reg = s.get(Regression, regression_id)
         if reg is None:
             raise NotFound(f"regression {regression_id} does not exist")
         reg.status, reg.accepted_by, reg.updated_at = status, None, utcnow()  # a person's decision: kept
+        s.add(RegressionEvent(project_id=reg.project_id, regression_id=reg.id, status=status, actor=actor, note=note))
     return reg

@@ -14,10 +14,18 @@ app = typer.Typer(help="opband: find the operator that lost accuracy on new hard
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 db_app = typer.Typer(help="Database schema (alembic migrations).", no_args_is_help=True)
 token_app = typer.Typer(help="Project tokens for the service's auth.", no_args_is_help=True)
+import_app = typer.Typer(help="Import peers' dumps (msprobe, Polygraphy) as bundles for compare, bands and the service.",
+                         no_args_is_help=True)
 app.add_typer(db_app, name="db")
+app.add_typer(import_app, name="import")
 app.add_typer(token_app, name="token")
 
 DataDir = Annotated[Path, typer.Option("--data-dir", help="embedded database and blobs live here", envvar="OPBAND_DATA_DIR")]
+Label = Annotated[Optional[str], typer.Option(help="a name for this run, e.g. nightly-2026-12-01 or pr-1234")]
+TargetName = Annotated[Optional[str], typer.Option("--target", "--target-name", help="the target name its drift series "
+                       "and regressions are kept under, e.g. ascend-910b/bf16 (default: variant@device)")]
+Tags = Annotated[Optional[list[str]], typer.Option("--tag", metavar="KEY=VALUE", help="free-form tag, repeatable: "
+                 "branch=main, commit=abc123, cann=8.0.RC2, driver=24.1, op-library=1.3")]
 
 
 class Variant(str, Enum):
@@ -52,6 +60,25 @@ MODE_HELP = ("propagated: two end-to-end runs (errors flow downstream; later fai
              "float64 relative to the reference's own")
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"opband {version('opband')}")
+        except PackageNotFoundError:
+            typer.echo("opband (not installed: run `make venv` or `pip install -e .`)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, metavar="",
+                                          help="print the version and exit")] = False,
+) -> None:
+    """opband: find the operator that lost accuracy on new hardware or in low precision."""
+
+
 def _fail(message: str, code: int = 2) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
@@ -72,19 +99,25 @@ def capture(
     inputs: Annotated[bool, typer.Option("--inputs", metavar="", help="also record op inputs (needed to --replay this bundle)")] = False,
     replay: Annotated[Optional[Path], typer.Option(help="re-run each op of this reference bundle (captured with --inputs) alone")] = None,
     golden: Annotated[bool, typer.Option("--golden", metavar="", help="with --replay: recompute each op in float64 on cpu")] = False,
+    label: Label = None,
+    target: TargetName = None,
+    tags: Tags = None,
 ) -> None:
     """Run the SPEC's model once under capture and write a bundle (or --replay a reference's ops)."""
     from hooks.runner import run_capture
-    from hooks.spec import SpecError
+    from hooks.spec import SpecError, UserCodeError
 
     from accuracy.errors import OpbandError
 
     if golden and replay is None:
         _fail("--golden recomputes a reference's ops in float64: give the reference with --replay REF_BUNDLE")
+    names = _names(label, target, tags)
     try:
         path = run_capture(spec, out, device=device, variant=variant.value, level=level.value, mode=mode.value,
                            seed=seed, modules=modules, ops=ops, max_bytes=max_bytes, replay=replay, golden=golden,
-                           **({"inputs": True} if inputs else {}))
+                           names=names, **({"inputs": True} if inputs else {}))
+    except UserCodeError as e:
+        _fail(f"{e}\nno bundle written: fix the code above and run `opband capture` again")
     except OpbandError as e:
         _fail(f"--replay {replay}: {e}" if replay is not None else str(e))
     except (SpecError, ValueError) as e:
@@ -106,14 +139,17 @@ def compare(
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write the JSON report here")] = None,
     markdown: Annotated[Optional[Path], typer.Option(help="write a Markdown report here")] = None,
     html: Annotated[Optional[Path], typer.Option(help="write a standalone HTML report here")] = None,
-    budgets: Annotated[Optional[Path], typer.Option(help="JSON/YAML file of per-op budget overrides")] = None,
+    budgets: Annotated[Optional[Path], typer.Option(help="per-op budget overrides: a .toml, .yaml/.yml or .json file "
+                                                         "(docs/budgets.md)")] = None,
     limit: Annotated[int, typer.Option(help="rows in the terminal table")] = 20,
 ) -> None:
     """Compare two bundles offline; exit 0 in budget, 1 out of budget, 2 on bad input."""
     import accuracy
+    from accuracy.budgets import BudgetPolicy
     from accuracy.bundle import Bundle
     from accuracy.errors import OpbandError
-    from accuracy.report import to_html, to_json, to_markdown, to_text
+    from accuracy.report import print_renderables, text_renderables, to_html, to_json, to_markdown
+    from opband.terminal import console, progress
 
     sides = {}
     for side, path in (("reference", reference), ("target", target)):
@@ -122,11 +158,13 @@ def compare(
         except OpbandError as e:
             _fail(f"{side} {path} is not a valid opband bundle: {e}")
     try:
-        config = _load_config(budgets) if budgets else None
-        report = accuracy.compare(sides["reference"], sides["target"], mode=mode.value, budgets=config)
+        policy = BudgetPolicy.from_config(budgets) if budgets else None
+        with progress("comparing ops", unit="ops") as update:
+            report = accuracy.compare(sides["reference"], sides["target"], mode=mode.value, budgets=policy,
+                                      progress=lambda done, total: update(done, total))
     except (OpbandError, OSError, ValueError) as e:
         _fail(str(e))
-    typer.echo(to_text(report, limit=limit))
+    print_renderables(console(), text_renderables(report, limit=limit))
     for out, render in ((json_out, to_json), (markdown, to_markdown), (html, to_html)):
         if out:
             write_report(out, render(report))
@@ -141,17 +179,14 @@ def write_report(path: Path, text: str) -> None:
         _fail(f"cannot write {path}: {e.strerror or e}; check that its folder exists and is writable")
 
 
-def _load_config(path: Path) -> dict:  # type: ignore[type-arg]
-    import yaml
+def _names(label: str | None, target: str | None, tags: list[str] | None):  # type: ignore[no-untyped-def]
+    """The run's label, target name and tags from flags, or exit 2 saying what is wrong."""
+    from accuracy.manifest import run_names
 
     try:
-        text = path.read_text()
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (OSError, ValueError, yaml.YAMLError) as e:
-        raise ValueError(f"cannot read budgets file {path}: {e}") from e
-    if data is not None and not isinstance(data, dict):
-        raise ValueError(f"budgets file {path} must hold a mapping such as {{ops: {{'aten.mm': {{...}}}}}}")
-    return data or {}
+        return run_names(label, target, tags)
+    except ValueError as e:
+        _fail(str(e))
 
 
 def _settings(**overrides: object):  # type: ignore[no-untyped-def]
@@ -170,7 +205,7 @@ def _open_db(settings):  # type: ignore[no-untyped-def]
     not at the schema head."""
     from sqlalchemy.exc import DBAPIError
 
-    from api.db import Database, SchemaOutOfDate, check_schema
+    from api.store.db import Database, SchemaOutOfDate, check_schema
 
     db = Database(settings)
     try:
@@ -203,7 +238,7 @@ def serve(
     data_dir: DataDir = Path(".opband"),
 ) -> None:
     """Run the service (API + dashboard at /) on embedded defaults: SQLite + a blob folder."""
-    from api.db import upgrade
+    from api.store.db import upgrade
     from api.server import serve as run
 
     settings = _settings(host=host, port=port, data_dir=data_dir)
@@ -223,12 +258,20 @@ def upload(
     server: Annotated[str, typer.Option(help="e.g. http://127.0.0.1:8000", envvar="OPBAND_SERVER")],
     project: Annotated[str, typer.Option(help="project name")],
     token: Annotated[Optional[str], typer.Option(envvar="OPBAND_TOKEN", help="project write token")] = None,
+    label: Label = None,
+    target: TargetName = None,
+    tags: Tags = None,
 ) -> None:
-    """Upload one bundle; prints its id (the same bytes again give the same id)."""
-    from api.client import Client, ClientError
+    """Upload one bundle and print its row (the same bytes again give the same id); --label/--target/--tag name it."""
+    from opband.client import Client, ClientError
 
+    from opband.terminal import progress
+
+    names = _names(label, target, tags)
     try:
-        row = Client(server, token).upload(project, bundle)
+        with progress(f"uploading {bundle.name}", bundle.stat().st_size if bundle.is_file() else None,
+                      unit="bytes") as update:
+            row = Client(server, token).upload(project, bundle, names=names, on_bytes=update)
     except (ClientError, OSError) as e:
         _fail(str(e))
     typer.echo(json.dumps(row, indent=2))
@@ -245,17 +288,24 @@ def gate(
     timeout: Annotated[float, typer.Option(help="seconds to wait for the comparison")] = 600.0,
     junit: Annotated[Optional[Path], typer.Option(help="write JUnit XML (one testcase per op)")] = None,
     markdown: Annotated[Optional[Path], typer.Option(help="write a Markdown summary (for PR comments)")] = None,
+    label: Label = None,
+    target_name: Annotated[Optional[str], typer.Option("--target-name", help="the target run's target name, e.g. "
+                           "ascend-910b/bf16: its series and regressions are kept under it (default: variant@device)")] = None,
+    tags: Tags = None,
 ) -> None:
     """CI gate: exit 0 when every op is in band, 1 when one is out of band, 2 on usage/infrastructure errors."""
-    from api.client import ClientError
-    from api.gate import EXIT_ERROR, run_gate
+    from accuracy.report import print_renderables
+    from opband.client import ClientError
+    from opband.gate import EXIT_ERROR, run_gate
+    from opband.terminal import console
 
     for p in (reference, target):
         if not p.is_file():
             _fail(f"{p} does not exist: capture it first with `opband capture`")
     try:
         code = run_gate(server, project, reference, target, token=token, mode=mode.value, timeout=timeout,
-                        junit=junit, markdown=markdown, echo=typer.echo)
+                        junit=junit, markdown=markdown, echo=typer.echo, names=_names(label, target_name, tags),
+                        show=lambda items: print_renderables(console(), items))
     except ClientError as e:
         typer.echo(f"error: {e}", err=True)
         code = EXIT_ERROR
@@ -270,15 +320,115 @@ def demo(
     targets: Annotated[str, typer.Option(help="comma-separated targets: variants, and fp32-bug (an injected kernel bug)")] = "bf16,int8,fp32-bug",
 ) -> None:
     """Capture a small Llama-style decoder (fp32 reference; bf16, int8 and a buggy fp32 target), upload, compare, show."""
-    from api.demo import run_demo
+    from opband.demo import run_demo
 
     raise typer.Exit(run_demo(data_dir, port=port, keep_serving=serve, targets=targets.split(","), echo=typer.echo))
+
+
+@app.command()
+def sweep(
+    sweep_file: Annotated[Optional[Path], typer.Argument(help="TOML/YAML sweep file (ops, shapes, dtypes, regimes ...); flags override it")] = None,
+    out: Annotated[Path, typer.Option("-o", "--out", help="folder for reference.bundle and one <dtype>.bundle per target dtype")] = Path("sweep"),
+    ops: Annotated[Optional[list[str]], typer.Option("--op", help="built-in name (softmax), ATen op (aten.erf) or torch function (torch.special.erf); repeatable. Default: the --from-bundle ops, else the built-in LLM list")] = None,
+    shapes: Annotated[Optional[list[str]], typer.Option("--shape", help="input shapes as 'AxB,CxD' (one per tensor input); repeatable; replaces each op's defaults")] = None,
+    dtypes: Annotated[Optional[list[str]], typer.Option("--dtype", help="target dtype: fp32 fp16 bf16 int8 fp8-e4m3 fp8-e5m2; repeatable (default bf16, fp16, int8)")] = None,
+    regimes: Annotated[Optional[list[str]], typer.Option("--regime", help="normal large near_zero subnormal nonfinite ill_conditioned; repeatable (default all)")] = None,
+    from_bundle: Annotated[Optional[Path], typer.Option(help="sweep the ATen ops of this captured bundle at their recorded input shapes")] = None,
+    reference_device: Annotated[Optional[str], typer.Option(help="reference device (default cuda when present, else cpu)")] = None,
+    target_device: Annotated[Optional[str], typer.Option(help="target device (default cpu)")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="seed of the generated inputs")] = None,
+    max_shapes: Annotated[Optional[int], typer.Option(help="with --from-bundle: input shapes per op, most frequent first (default 3)")] = None,
+    exact_inputs: Annotated[Optional[bool], typer.Option("--exact-inputs/--raw-inputs", help="round inputs to what the target dtypes hold, so the sweep measures kernels, not input casts (default on)")] = None,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="write every row (op, dtype, shape, regime, verdict, errors) as JSON")] = None,
+    check: Annotated[bool, typer.Option("--check", metavar="", help="exit 1 when a case fails (default: report only)")] = False,
+) -> None:
+    """Sweep ops x shapes x dtypes x value regimes without a model: same stored inputs on the reference and each
+    target; writes ordinary bundles (compare them with `opband compare REF T --mode replay`) and a table per dtype."""
+    from hooks.opcases import CaseError
+    from hooks.opsweep import make_config, run_sweep
+
+    from accuracy.errors import OpbandError
+
+    try:
+        cfg = make_config(sweep_file, ops=ops or (), shapes=shapes, dtypes=dtypes, regimes=regimes,
+                          from_bundle=str(from_bundle) if from_bundle else None, reference_device=reference_device,
+                          target_device=target_device, seed=seed, max_shapes=max_shapes, exact_inputs=exact_inputs)
+        result = run_sweep(cfg, out)
+    except (CaseError, OpbandError, ValueError) as e:
+        _fail(str(e))
+    typer.echo(result.report.to_text())
+    typer.echo(f"wrote {result.reference} and {', '.join(str(p) for p in result.targets.values())}")
+    if json_out:
+        write_report(json_out, result.report.to_json())
+    raise typer.Exit(1 if check and not result.report else 0)
+
+
+@app.command()
+def coverage(
+    bundles: Annotated[list[Path], typer.Argument(help="bundles: captures, sweep references and targets, imports")],
+    op_list: Annotated[Optional[Path], typer.Option(help="file of ops to cover, one per line (aten.mm, aten.add.Tensor); prints the covered share")] = None,
+    reference: Annotated[Optional[Path], typer.Option(help="judge every non-sweep target against this reference (default: the first fp32 capture of the same model)")] = None,
+    judge: Annotated[bool, typer.Option("--judge/--no-judge", help="compare targets with their references for pass/fail (default on)")] = True,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="write the matrix as JSON")] = None,
+) -> None:
+    """Which ops, overloads, dtypes, input-shape classes and value regimes these runs exercised, per model, with
+    pass/fail and band state, and the share of an op list they cover."""
+    from accuracy.coverage import coverage_of_bundles, load_op_list
+    from accuracy.errors import OpbandError
+
+    try:
+        report = coverage_of_bundles(bundles, load_op_list(op_list) if op_list else None, judge=judge, reference=reference)
+    except OpbandError as e:
+        _fail(str(e))
+    typer.echo(report.to_text())
+    if json_out:
+        write_report(json_out, json.dumps(report.to_dict(), indent=2))
+
+
+@import_app.command("msprobe")
+def import_msprobe(
+    dump: Annotated[Path, typer.Argument(help="msprobe dump_path (one step/rank), its step*/proc*/ folder, or dump.json")],
+    out: Annotated[Path, typer.Option("-o", "--out", help="bundle file to write")],
+) -> None:
+    """An msprobe (MindStudio Probe) PyTorch dump -> bundle. L0 and mix-level keys match `opband capture`'s;
+    tensors are read by torch's weights_only loader (anything else is refused)."""
+    from hooks.peers import PeerDumpError, import_msprobe as run
+
+    try:
+        _echo_written(run(dump, out))
+    except PeerDumpError as e:
+        _fail(str(e))
+
+
+@import_app.command("polygraphy")
+def import_polygraphy(
+    results: Annotated[Path, typer.Argument(help="JSON from `polygraphy run ... --save-outputs RESULTS.json`")],
+    out: Annotated[Path, typer.Option("-o", "--out", help="bundle file to write")],
+    runner: Annotated[Optional[str], typer.Option(help="runner name, when the file holds several")] = None,
+    iteration: Annotated[int, typer.Option(help="which iteration of the runner")] = 0,
+) -> None:
+    """Polygraphy run results -> bundle (ONNX output names become module/op keys; arrays read with allow_pickle=False)."""
+    from hooks.peers import PeerDumpError, import_polygraphy as run
+
+    try:
+        _echo_written(run(results, out, runner=runner, iteration=iteration))
+    except PeerDumpError as e:
+        _fail(str(e))
+
+
+def _echo_written(path: Path) -> None:
+    from accuracy.bundle import Bundle
+
+    b = Bundle.open(path)
+    typer.echo(f"wrote {path} ({len(b.records)} records, {len(b.manifest.diagnostics)} diagnostics)")
+    for d in b.manifest.diagnostics[:5]:
+        typer.echo(f"  {d.key}: {d.message}")
 
 
 @db_app.command("upgrade")
 def db_upgrade(data_dir: DataDir = Path(".opband"), revision: str = "head") -> None:
     """Migrate the database (OPBAND_DATABASE_URL or the data dir's SQLite) to the latest schema."""
-    from api.db import upgrade as run
+    from api.store.db import upgrade as run
 
     settings = _settings(data_dir=data_dir)
     run(settings.effective_database_url, revision)
@@ -309,9 +459,9 @@ def worker(
     """Run comparison jobs from the shared database until interrupted (scale-out workers)."""
     import signal
 
-    from api.jobs import run_worker_forever
+    from api.jobs.comparisons import run_worker_forever
     from api.observability import configure_logging, serve_worker_metrics
-    from api.store import make_store
+    from api.store.blobs import make_store
 
     settings = _settings(data_dir=data_dir)
     configure_logging(settings)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from sqlalchemy import Select, case, func, select
+from sqlalchemy import Select, case, func, or_, select
 
+from accuracy import envdiff
 from accuracy.verdicts import TABLE_ORDER
-from api.db import Database
+from api.store.db import Database
 from api.errors import InvalidInput, NotFound
-from api.models import BundleRow, Comparison, OpResultRow, Project, Regression, Series
-from api.schemas import SEVERITY_INF, BundleDiff, DriftPoint, DriftSeries, EnvironmentChange
+from api.store.models import BundleRow, Comparison, OpResultRow, Project, Regression, Series
+from api.schemas import SEVERITY_INF, BundleDiff, DriftPoint, DriftSeries, EnvironmentChange, TargetPublic
 
 METRIC_COLUMNS = {
     "norm_l2": OpResultRow.norm_l2, "max_abs": OpResultRow.max_abs, "max_rel": OpResultRow.max_rel,
@@ -55,9 +56,36 @@ def list_projects(db: Database) -> list[Project]:
         return list(s.scalars(select(Project).order_by(Project.name)))
 
 
-def list_bundles(db: Database, project: Project, limit: int, offset: int) -> tuple[list[BundleRow], int]:
-    q = select(BundleRow).where(BundleRow.project_id == project.id).order_by(BundleRow.created_at.desc())
-    return _page(db, q, limit, offset)
+def list_bundles(db: Database, project: Project, limit: int, offset: int, *, label: str | None = None,
+                 target: str | None = None, tags: dict[str, str] | None = None) -> tuple[list[BundleRow], int]:
+    q = select(BundleRow).where(BundleRow.project_id == project.id)
+    if label:
+        q = q.where(BundleRow.label == label)
+    if target:
+        q = q.where(BundleRow.target == target)
+    for key, value in (tags or {}).items():
+        q = q.where(BundleRow.tags[key].as_string() == value)
+    return _page(db, q.order_by(BundleRow.created_at.desc()), limit, offset)
+
+
+def targets(db: Database, project: Project) -> list[TargetPublic]:
+    """Each target name of the project with its run count and its latest finished comparison."""
+    with db.session() as s:
+        rows = s.execute(select(BundleRow.target, func.count(), func.max(BundleRow.created_at))
+                         .where(BundleRow.project_id == project.id).group_by(BundleRow.target)
+                         .order_by(BundleRow.target)).all()
+        out = []
+        for name, count, last in rows:
+            latest = s.execute(
+                select(Comparison.id, Comparison.verdict, BundleRow.label)
+                .join(BundleRow, BundleRow.id == Comparison.target_id)
+                .where(Comparison.project_id == project.id, Comparison.status == "done", BundleRow.target == name)
+                .order_by(Comparison.created_at.desc()).limit(1)).first()
+            out.append(TargetPublic(target=name, bundles=count, last_upload=last,
+                                    latest_comparison_id=latest[0] if latest else None,
+                                    latest_verdict=latest[1] if latest else None,
+                                    latest_label=latest[2] if latest else None))
+    return out
 
 
 def _get(db: Database, model: type[T], ident: str | int, what: str) -> T:
@@ -77,11 +105,18 @@ def get_comparison(db: Database, comparison_id: str) -> Comparison:
     return _get(db, Comparison, comparison_id, "comparison")
 
 
-def list_comparisons(db: Database, project: Project, limit: int, offset: int,
-                     status: str | None = None) -> tuple[list[Comparison], int]:
+def list_comparisons(db: Database, project: Project, limit: int, offset: int, status: str | None = None, *,
+                     target: str | None = None, label: str | None = None) -> tuple[list[Comparison], int]:
+    """Comparisons newest first; ``target``: the target run's target name, ``label``: either run's label."""
     q = select(Comparison).where(Comparison.project_id == project.id)
     if status:
         q = q.where(Comparison.status.in_(_statuses(status, COMPARISON_STATUSES, "comparison")))
+    if target:
+        q = q.where(Comparison.target_id.in_(select(BundleRow.id).where(BundleRow.project_id == project.id,
+                                                                       BundleRow.target == target)))
+    if label:
+        q = q.where(or_(Comparison.target_id.in_(select(BundleRow.id).where(BundleRow.label == label)),
+                        Comparison.reference_id.in_(select(BundleRow.id).where(BundleRow.label == label))))
     return _page(db, q.order_by(Comparison.created_at.desc()), limit, offset)
 
 
@@ -90,10 +125,16 @@ def op_results(
     shape: str | None = None, verdict: str | None = None, metric: str | None = None,
     min_value: float | None = None, max_value: float | None = None, sort: str = "worst",
     order: str = "desc", limit: int = 50, offset: int = 0, with_metrics: bool = True,
+    search: str | None = None, inherited: bool | None = None,
 ) -> tuple[list[OpResultRow], int]:
-    """Per-op results of one comparison, filtered by op, module glob, input shapes, verdict, metric range."""
+    """Per-op results of one comparison, filtered by op, module glob, input shapes, verdict, metric range,
+    a substring of the op key (``search``) and whether the error was inherited."""
     get_comparison(db, comparison_id)
     q = select(OpResultRow).where(OpResultRow.comparison_id == comparison_id)
+    if search:
+        q = q.where(OpResultRow.key.like(f"%{glob_to_like(search)}%", escape="\\"))
+    if inherited is not None:
+        q = q.where(OpResultRow.inherited == inherited)
     if op:
         q = q.where(OpResultRow.op == op)
     if module:
@@ -159,10 +200,16 @@ def drift(db: Database, project: Project, metric: str, key: str | None, target: 
             sq = sq.where(Series.key.like(glob_to_like(key), escape="\\"))
         if target:
             sq = sq.where(Series.target == target)
-        if not key:
-            # the series that were ever worst: what a person wants to see first (an index, not a scan)
-            sq = sq.order_by(Series.worst_severity.desc().nulls_last())
-        series = list(s.scalars(sq.limit(series_limit)))
+        if key:
+            series = list(s.scalars(sq.limit(series_limit)))
+        else:
+            # every open regression and every recent first divergence, then the series that were ever
+            # worst (an index, not a scan) up to ``series_limit``: what a person wants to see first
+            must = _flagged_series_ids(s, project, target)
+            series = list(s.scalars(sq.where(Series.id.in_(must)))) if must else []
+            worst = sq.where(Series.id.not_in(must)) if must else sq
+            series += list(s.scalars(worst.order_by(Series.worst_severity.desc().nulls_last())
+                                     .limit(max(series_limit - len(series), 0))))
         out = []
         for ser in series:
             rows = s.execute(
@@ -179,22 +226,33 @@ def drift(db: Database, project: Project, metric: str, key: str | None, target: 
     return out
 
 
+#: how many recent comparisons' first divergences the default drift view always shows
+FIRST_DIVERGENCE_WINDOW = 50
+
+
+def _flagged_series_ids(s: Any, project: Project, target: str | None) -> list[int]:
+    """Series of the open regressions and of the recent comparisons' first divergences."""
+    ids = set(s.scalars(select(Regression.series_id).where(Regression.project_id == project.id,
+                                                          Regression.status.in_(("active", "acknowledged")))))
+    recent = s.execute(select(Comparison.id, Comparison.first_divergence)
+                       .where(Comparison.project_id == project.id, Comparison.status == "done")
+                       .order_by(Comparison.created_at.desc()).limit(FIRST_DIVERGENCE_WINDOW)).all()
+    for cid, fd in recent:
+        if fd and fd.get("key"):
+            key = fd["key"] if not fd.get("output") else f"{fd['key']}:{fd['output']}"
+            ids.update(s.scalars(select(OpResultRow.series_id).where(OpResultRow.comparison_id == cid,
+                                                                    OpResultRow.key == key).limit(1)))
+    q = select(Series.id).where(Series.id.in_(ids - {None}))
+    if target:
+        q = q.where(Series.target == target)
+    return list(s.scalars(q))
+
+
 def get_regression(db: Database, regression_id: int) -> Regression:
     return _get(db, Regression, regression_id, "regression")
 
 
-#: run fields that change numerics; every environment field is compared as well
-RUN_FIELDS = ("variant", "device", "level", "mode", "seed", "options")
-
-
 def bundle_diff(a: BundleRow, b: BundleRow) -> BundleDiff:
     """What differs between two bundles' capture setups: torch, driver/CUDA/CANN, dtype, flags, threads, device."""
-    def flat(row: BundleRow) -> dict[str, Any]:
-        out = {f"environment.{k}": v for k, v in (row.environment or {}).items()}
-        out.update({f"run.{k}": (row.run or {}).get(k) for k in RUN_FIELDS if k in (row.run or {})})
-        return out
-
-    fa, fb = flat(a), flat(b)
-    fields = sorted(set(fa) | set(fb))
-    changed = [EnvironmentChange(field=f, a=fa.get(f), b=fb.get(f)) for f in fields if fa.get(f) != fb.get(f)]
-    return BundleDiff(a=a.id, b=b.id, changed=changed, same=len(fields) - len(changed))
+    changed, same = envdiff.changes(envdiff.flatten(a.run, a.environment), envdiff.flatten(b.run, b.environment))
+    return BundleDiff(a=a.id, b=b.id, changed=[EnvironmentChange(field=f, a=x, b=y) for f, x, y in changed], same=same)

@@ -14,12 +14,12 @@ from sqlalchemy.exc import IntegrityError
 
 from accuracy.bundle import Bundle
 from accuracy.errors import BundleError
-from accuracy.manifest import Record
-from api.db import Database
+from accuracy.manifest import Record, RunNames
+from api.store.db import Database
 from api.errors import InvalidInput, TooLarge
-from api.models import BundleRow, OpRecordRow, Project
+from api.store.models import BundleRow, OpRecordRow, Project
 from api.observability import UPLOAD_BYTES
-from api.store import BlobStore
+from api.store.blobs import BlobStore
 
 
 class SpooledUpload:
@@ -62,8 +62,10 @@ async def spool(body: AsyncIterator[bytes], temp_dir: Path, limit: int, declared
     return SpooledUpload(path, digest.hexdigest(), size)
 
 
-def store_bundle(db: Database, store: BlobStore, project: Project, upload: SpooledUpload) -> tuple[BundleRow, bool]:
-    """Validate and store an upload; returns (row, created). Same bytes again return the same row.
+def store_bundle(db: Database, store: BlobStore, project: Project, upload: SpooledUpload,
+                 names: RunNames | None = None) -> tuple[BundleRow, bool]:
+    """Validate and store an upload; returns (row, created). Same bytes again return the same row
+    (with the names it was first stored under). ``names`` given at upload override the manifest's.
 
     The blob is written first, the row committed second; if the commit fails the blob is removed,
     so no failure leaves a row without its blob or (beyond a crash) a blob without its row.
@@ -79,10 +81,15 @@ def store_bundle(db: Database, store: BlobStore, project: Project, upload: Spool
         m = bundle.manifest
         check_record_fields(m.records)
         run, env = m.run, m.environment
+        try:
+            named = m.names_with(names)
+        except BundleError as e:
+            raise InvalidInput(f"{e}; fix it at capture (--target, --tag) or override it at upload") from e
+        variant, device = _text(m.variant, 40) or "fp32", _text(m.device, 100) or "cpu"
         row = BundleRow(
             id=uuid.uuid4().hex, project_id=project.id, sha256=upload.sha256, size=upload.size,
-            storage_key=f"{project.name}/{upload.sha256}.bundle", label=_text(run.get("label"), 200),
-            variant=_text(m.variant, 40) or "fp32", device=_text(m.device, 100) or "cpu",
+            storage_key=f"{project.name}/{upload.sha256}.bundle", label=named.label,
+            variant=variant, device=device, target=named.target_or_default(variant, device)[:200], tags=named.tags,
             level=_text(run.get("level"), 20), mode=_text(run.get("mode"), 20),
             git_commit=_text(env.get("git_commit"), 64), git_branch=_text(env.get("git_branch"), 200),
             records=len(m.records), run=run, environment=env,
@@ -114,7 +121,7 @@ def store_bundle(db: Database, store: BlobStore, project: Project, upload: Spool
         upload.discard()
 
 
-#: record fields stored in indexed columns, and their column widths (api/models.py)
+#: record fields stored in indexed columns, and their column widths (api/store/models.py)
 RECORD_LIMITS = {"key": 1000, "module": 800, "op": 200, "dtype": 40}
 
 

@@ -26,14 +26,14 @@ from sqlalchemy.orm import lazyload
 import accuracy
 from accuracy.errors import OpbandError
 from accuracy.report import op_to_dict
-from api.db import Database
-from api.models import (
+from api.store.db import Database
+from api.store.models import (
     AcceptedDeviation, Baseline, BaselineMember, Comparison, OpResultRow, Project, Regression, Series, utcnow,
 )
 from api.observability import JOB_SECONDS, JOBS_FINISHED
 from api.schemas import SEVERITY_INF
 from api.settings import Settings
-from api.store import BlobStore
+from api.store.blobs import BlobStore
 
 log = logging.getLogger("opband.jobs")
 _CLAIM_LOCK = threading.Lock()  # SQLite has no SKIP LOCKED: serialise claims within the process
@@ -171,7 +171,7 @@ def _run_job(db: Database, store: BlobStore, settings: Settings, job_id: str, na
         job = s.get(Comparison, job_id)
         assert job is not None
         ref_key, tgt_key, mode, attempt = job.reference.storage_key, job.target.storage_key, job.mode, job.attempts
-        target = f"{job.target.variant}@{job.target.device}"
+        target = job.target.target  # the target name: series, bands and regressions are kept per target
         history = accepted_history(s, job.project_id, target, job_id)
     log.info("job started", extra={"job_id": job_id, "worker": name, "attempt": attempt, "mode": mode})
     try:
@@ -233,7 +233,7 @@ def persist_report(db: Database, job_id: str, report: accuracy.ComparisonReport,
             return "lost"
         if db.engine.dialect.name == "postgresql":
             s.execute(select(Project.id).where(Project.id == job.project_id).with_for_update())
-        target = f"{job.target.variant}@{job.target.device}"
+        target = job.target.target
         s.execute(delete(OpResultRow).where(OpResultRow.comparison_id == job_id))
         series = _series_for(s, job.project_id, target, report.ops)
         now = utcnow()
@@ -287,7 +287,8 @@ def _series_for(s: Any, project_id: int, target: str, ops: list[accuracy.OpResul
 
 def _update_regressions(s: Any, job: Comparison, report: accuracy.ComparisonReport,
                         series: dict[tuple[str, str, str], Series]) -> None:
-    """Local failures open (or keep) a regression per series; a pass closes it. A failure that a live
+    """Local failures open (or keep) a regression per series (op key, shapes, dtype, target name); a
+    later pass of the same series closes it. A failure that a live
     accepted deviation matches is "accepted" (crediting that deviation); one whose deviation has
     expired or was deleted is open ("active") again. A status a person set is kept."""
     now = utcnow()
@@ -296,10 +297,18 @@ def _update_regressions(s: Any, job: Comparison, report: accuracy.ComparisonRepo
         if d.expires_at is None or _aware(d.expires_at) > now
     ]
     by_series = {r.series_id: r for r in s.scalars(select(Regression).where(Regression.project_id == job.project_id))}
+    # a comparison older than the one a regression last saw (a late job) changes nothing of it:
+    # only a later passing run of the same series resolves it
+    seen = {r.last_comparison_id for r in by_series.values()}
+    last_seen_at = dict(s.execute(select(Comparison.id, Comparison.created_at).where(Comparison.id.in_(seen))).all())
+    job_at = _aware(job.created_at)
     has_ops = any(o.kind != "module" for o in report.ops)
     for o in report.ops:
         ser = series[(o.id, o.shape_signature, o.dtype)]
         reg = by_series.get(ser.id)
+        if reg is not None and reg.last_comparison_id in last_seen_at \
+                and _aware(last_seen_at[reg.last_comparison_id]) > job_at:
+            continue
         local = not o.inherited and (o.kind != "module" or not has_ops)  # a module only contains its ops' error
         if o.verdict == "fail" and local:
             match = next((d for d in deviations if fnmatch.fnmatchcase(o.id, d.key_pattern)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
-from api import curation, queries
+from api.store import curation, queries
 from api.auth import authorize
-from api.models import Project
-from api.routes import ProjectName, ServicesDep, TokenDep, project_by_id, read_project
+from api.store.models import Project
+from api.routes.core import ProjectName, ServicesDep, TokenDep, project_by_id, read_project
 from api.schemas import (
     BaselineCreate, BaselinePromote, BaselinePublic, BundleDiff, DeviationCreate, DeviationPublic, Page,
     ProjectPublic, ProjectUpdate, RegressionPublic, RegressionUpdate,
@@ -80,7 +80,8 @@ def update_regression(regression_id: int, body: RegressionUpdate, svc: ServicesD
     """Acknowledge (or re-open, accept, resolve) a regression."""
     reg = queries.get_regression(svc.db, regression_id)
     write_project(svc, project_by_id(svc, reg.project_id).name, token)
-    return RegressionPublic.model_validate(curation.set_regression_status(svc.db, regression_id, body.status))
+    row = curation.set_regression_status(svc.db, regression_id, body.status, body.author or "anonymous", body.note)
+    return RegressionPublic.model_validate(row)
 
 
 @router.get("/bundles/{a}/diff/{b}", response_model=BundleDiff)

@@ -6,8 +6,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from api.client import Client
-from api.gate import gate_table
+from opband.client import Client
+from opband.gate import gate_table
 from api.server import BackgroundServer, free_port
 from api.settings import Settings
 

@@ -37,7 +37,8 @@ class Token(Base):
 
 class BundleRow(Base):
     __tablename__ = "bundles"
-    __table_args__ = (UniqueConstraint("project_id", "sha256", name="uq_bundles_project_sha"),)
+    __table_args__ = (UniqueConstraint("project_id", "sha256", name="uq_bundles_project_sha"),
+                      Index("ix_bundles_project_target", "project_id", "target"))
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), index=True)
     sha256: Mapped[str] = mapped_column(String(64))
@@ -46,6 +47,10 @@ class BundleRow(Base):
     label: Mapped[str | None] = mapped_column(String(200))
     variant: Mapped[str] = mapped_column(String(40), default="fp32")
     device: Mapped[str] = mapped_column(String(100), default="cpu")
+    #: the target name its series and regressions are kept under: ``run.target`` or ``variant@device``
+    target: Mapped[str] = mapped_column(String(200))
+    #: free-form ``key: value`` tags (branch, commit, CANN/driver version, op-library version)
+    tags: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     level: Mapped[str | None] = mapped_column(String(20))
     mode: Mapped[str | None] = mapped_column(String(20))
     git_commit: Mapped[str | None] = mapped_column(String(64))
@@ -101,7 +106,7 @@ class Comparison(Base):
 
 
 class Series(Base):
-    """One drift line: (op key, input shapes, dtype, target) within a project."""
+    """One drift line: (op key, input shapes, dtype, target name) within a project."""
 
     __tablename__ = "series"
     __table_args__ = (UniqueConstraint("project_id", "key", "shape_signature", "dtype", "target", name="uq_series"),
@@ -112,7 +117,7 @@ class Series(Base):
     op: Mapped[str] = mapped_column(String(200))
     shape_signature: Mapped[str] = mapped_column(String(1000))
     dtype: Mapped[str] = mapped_column(String(40))
-    target: Mapped[str] = mapped_column(String(200))
+    target: Mapped[str] = mapped_column(String(200))  # the target bundle's target name (BundleRow.target)
     #: the worst severity any result of this series had: the drift view's "worst first" without a scan
     worst_severity: Mapped[float | None] = mapped_column(Float)
 
@@ -217,3 +222,19 @@ class Regression(Base):
     @property
     def target(self) -> str:
         return self.series.target
+
+
+class RegressionEvent(Base):
+    """The audit of one decision about a regression: who did what, when (acknowledge, accept, re-open)."""
+
+    __tablename__ = "regression_events"
+    __table_args__ = (Index("ix_regression_events_project_at", "project_id", "at"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    regression_id: Mapped[int] = mapped_column(ForeignKey("regressions.id", ondelete="CASCADE"), index=True)
+    status: Mapped[str] = mapped_column(String(20))  # the status it was set to
+    actor: Mapped[str] = mapped_column(String(200))  # the author given, else the token's name, else "anonymous"
+    note: Mapped[str | None] = mapped_column(Text)
+    deviation_id: Mapped[int | None] = mapped_column(Integer)  # the accepted deviation behind it (kept if deleted)
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -10,15 +10,16 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
 from accuracy.compare import is_golden_run
-from api import queries
+from api.store import queries
 from api.auth import authorize
 from api.errors import InvalidInput, NotFound
-from api.ingest import spool, store_bundle
-from api.models import Comparison, Project
+from api.store.ingest import spool, store_bundle
+from api.store.models import Comparison, Project
 from api.schemas import (
     BundleDetail, BundlePublic, ComparisonCreate, ComparisonPublic, DriftSeries, OpResultPublic, Page,
-    ProjectPublic, RegressionPublic,
+    ProjectPublic, RegressionPublic, RunSummary, TargetPublic,
 )
+from accuracy.manifest import RunNames, run_names
 from api.observability import UPLOADS
 from api.services import Services
 
@@ -43,6 +44,19 @@ Limit = Annotated[int, Query(ge=1, le=1000)]
 Offset = Annotated[int, Query(ge=0, le=1_000_000_000)]
 
 
+def run_names_query(
+    label: Annotated[str | None, Query(max_length=200, description="a name for this run, e.g. nightly-2026-12-01")] = None,
+    target: Annotated[str | None, Query(max_length=200, description="the target name its series are kept under, "
+                                        "e.g. ascend-910b/bf16 (default: the manifest's, else variant@device)")] = None,
+    tag: Annotated[list[str] | None, Query(description="key=value, repeatable: branch, commit, cann, driver ...")] = None,
+) -> RunNames:
+    """Run names given as query parameters (a 422 saying what is wrong otherwise)."""
+    try:
+        return run_names(label, target, tag)
+    except ValueError as e:
+        raise InvalidInput(str(e)) from None
+
+
 def read_project(svc: Services, name: str, token: str | None) -> Project:
     return authorize(svc.db, name, token, write=False, auth_on=svc.settings.auth)
 
@@ -50,6 +64,7 @@ def read_project(svc: Services, name: str, token: str | None) -> Project:
 def comparison_public(c: Comparison) -> ComparisonPublic:
     out = ComparisonPublic.model_validate(c)
     out.target_variant, out.target_device = c.target.variant, c.target.device
+    out.reference_run, out.target_run = RunSummary.model_validate(c.reference), RunSummary.model_validate(c.target)
     return out
 
 
@@ -88,8 +103,9 @@ def projects(svc: ServicesDep) -> Page[ProjectPublic]:
              responses={200: {"description": "these exact bytes were uploaded before: the same bundle"},
                         413: {"description": "over the upload limit"}, 422: {"description": "not a valid bundle"}})
 async def upload_bundle(project: ProjectName, request: Request, response: Response, svc: ServicesDep,
-                        token: TokenDep) -> BundlePublic:
-    """Upload one bundle file as the raw request body (streamed to disk, hashed, validated)."""
+                        token: TokenDep, names: Annotated[RunNames, Depends(run_names_query)]) -> BundlePublic:
+    """Upload one bundle file as the raw request body (streamed to disk, hashed, validated).
+    ``label``, ``target`` and ``tag`` (``key=value``, repeatable) override the manifest's run names."""
     proj = await run_in_threadpool(authorize, svc.db, project, token, True, svc.settings.auth, True)
     declared = request.headers.get("content-length")
     try:
@@ -97,16 +113,38 @@ async def upload_bundle(project: ProjectName, request: Request, response: Respon
     except ValueError:
         raise InvalidInput(f"Content-Length {declared!r} is not a number") from None
     upload = await spool(request.stream(), svc.upload_temp_dir, svc.settings.max_upload_bytes, length)
-    row, created = await run_in_threadpool(store_bundle, svc.db, svc.store, proj, upload)
+    row, created = await run_in_threadpool(store_bundle, svc.db, svc.store, proj, upload, names)
     UPLOADS.labels("created" if created else "duplicate").inc()
     response.status_code = 201 if created else 200
     return BundlePublic.model_validate(row)
 
 
+TagFilter = Annotated[list[str] | None, Query(description="key=value, repeatable: runs carrying every one of these tags")]
+
+
 @router.get("/projects/{project}/bundles", response_model=Page[BundlePublic])
-def list_bundles(project: ProjectName, svc: ServicesDep, token: TokenDep, limit: Limit = 50, offset: Offset = 0) -> Page[BundlePublic]:
-    rows, count = queries.list_bundles(svc.db, read_project(svc, project, token), limit, offset)
+def list_bundles(project: ProjectName, svc: ServicesDep, token: TokenDep, limit: Limit = 50, offset: Offset = 0,
+                 label: str | None = None, target: Annotated[str | None, Query(description="target name")] = None,
+                 tag: TagFilter = None) -> Page[BundlePublic]:
+    """This project's runs, newest first; filtered by label, target name and tags."""
+    rows, count = queries.list_bundles(svc.db, read_project(svc, project, token), limit, offset,
+                                       label=label, target=target, tags=_tag_filter(tag))
     return Page(data=[BundlePublic.model_validate(r) for r in rows], count=count)
+
+
+def _tag_filter(tag: list[str] | None) -> dict[str, str]:
+    from accuracy.manifest import parse_tags
+
+    try:
+        return parse_tags(tag)
+    except ValueError as e:
+        raise InvalidInput(str(e)) from None
+
+
+@router.get("/projects/{project}/targets", response_model=list[TargetPublic])
+def list_targets(project: ProjectName, svc: ServicesDep, token: TokenDep) -> list[TargetPublic]:
+    """The project's target names, each with its run count and latest finished comparison."""
+    return queries.targets(svc.db, read_project(svc, project, token))
 
 
 @router.get("/bundles/{bundle_id}", response_model=BundleDetail)
@@ -164,8 +202,12 @@ def create_comparison(project: ProjectName, body: ComparisonCreate, svc: Service
 
 @router.get("/projects/{project}/comparisons", response_model=Page[ComparisonPublic])
 def list_comparisons(project: ProjectName, svc: ServicesDep, token: TokenDep, limit: Limit = 50, offset: Offset = 0,
-                     status: str | None = None) -> Page[ComparisonPublic]:
-    rows, count = queries.list_comparisons(svc.db, read_project(svc, project, token), limit, offset, status)
+                     status: str | None = None,
+                     target: Annotated[str | None, Query(description="target name of the target run")] = None,
+                     label: Annotated[str | None, Query(description="label of either run")] = None,
+                     ) -> Page[ComparisonPublic]:
+    rows, count = queries.list_comparisons(svc.db, read_project(svc, project, token), limit, offset, status,
+                                           target=target, label=label)
     return Page(data=[comparison_public(r) for r in rows], count=count)
 
 
@@ -200,7 +242,7 @@ def comparison_ops(
 def list_regressions(project: ProjectName, svc: ServicesDep, token: TokenDep,
                      status: Annotated[str | None, Query(description="comma-separated: active,acknowledged,accepted,resolved")] = "active",
                      op: str | None = None, shape: str | None = None,
-                     target: Annotated[str | None, Query(description="variant@device, e.g. bf16@cpu")] = None,
+                     target: Annotated[str | None, Query(description="target name, e.g. ascend-910b/bf16 or bf16@cpu")] = None,
                      dtype: Annotated[str | None, Query(description="the target's output dtype, e.g. bfloat16")] = None,
                      limit: Limit = 50, offset: Offset = 0) -> Page[RegressionPublic]:
     """Ops out of band, one row per (op key, input shapes, dtype, target), most recently updated first."""
@@ -212,7 +254,7 @@ def list_regressions(project: ProjectName, svc: ServicesDep, token: TokenDep,
 @router.get("/projects/{project}/drift", response_model=list[DriftSeries])
 def project_drift(project: ProjectName, svc: ServicesDep, token: TokenDep, metric: str = "norm_l2",
                   key: Annotated[str | None, Query(description="op key glob; default: the worst series")] = None,
-                  target: Annotated[str | None, Query(description="e.g. bf16@cpu")] = None,
+                  target: Annotated[str | None, Query(description="target name, e.g. ascend-910b/bf16 or bf16@cpu")] = None,
                   series: Annotated[int, Query(ge=1, le=100)] = 8,
                   points: Annotated[int, Query(ge=1, le=1000)] = 100) -> list[DriftSeries]:
     """A metric per op key across this project's comparisons, oldest first."""

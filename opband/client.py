@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+from accuracy.manifest import RunNames
 
 
 class ClientError(RuntimeError):
@@ -36,8 +38,11 @@ class Client:
             raise ClientError(f"{method} {path} -> HTTP {r.status_code}: {detail}")
         return r.json()
 
-    def upload(self, project: str, bundle: str | os.PathLike[str]) -> dict[str, Any]:
-        """Stream a bundle file to the server; returns the bundle record (same bytes = same id)."""
+    def upload(self, project: str, bundle: str | os.PathLike[str], names: RunNames | None = None,
+               on_bytes: Callable[[int], None] | None = None) -> dict[str, Any]:
+        """Stream a bundle file to the server; returns the bundle record (same bytes = same id).
+        ``names`` (label, target name, tags) override the manifest's for a first upload;
+        ``on_bytes(sent)`` follows the upload."""
         path = Path(bundle)
         try:
             size = path.stat().st_size
@@ -45,11 +50,21 @@ class Client:
             raise ClientError(f"cannot read bundle {path}: {e.strerror}; capture one with `opband capture`") from e
 
         def body() -> Iterator[bytes]:
+            sent = 0
             with open(path, "rb") as f:
                 while chunk := f.read(1 << 20):
                     yield chunk
+                    sent += len(chunk)
+                    if on_bytes is not None:
+                        on_bytes(sent)
 
+        params: dict[str, Any] = {}
+        if names is not None:
+            params = {k: v for k, v in (("label", names.label), ("target", names.target)) if v}
+            if names.tags:
+                params["tag"] = [f"{k}={v}" for k, v in names.tags.items()]
         return self._call("POST", f"/projects/{project}/bundles", content=body(),  # type: ignore[no-any-return]
+                          params=params,
                           headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)})
 
     def create_comparison(self, project: str, reference: str, target: str, mode: str = "propagated") -> dict[str, Any]:
@@ -59,11 +74,14 @@ class Client:
     def comparison(self, comparison_id: str) -> dict[str, Any]:
         return self._call("GET", f"/comparisons/{comparison_id}")  # type: ignore[no-any-return]
 
-    def wait(self, comparison_id: str, timeout: float = 600.0, poll: float = 0.25) -> dict[str, Any]:
-        """Poll until the comparison is done or failed."""
+    def wait(self, comparison_id: str, timeout: float = 600.0, poll: float = 0.25,
+             on_poll: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Poll until the comparison is done or failed; ``on_poll(row)`` sees each state on the way."""
         deadline = time.monotonic() + timeout
         while True:
             c = self.comparison(comparison_id)
+            if on_poll is not None:
+                on_poll(c)
             if c["status"] in ("done", "failed"):
                 return c
             if time.monotonic() > deadline:

@@ -84,7 +84,7 @@ class LocalStore:
 def make_store(url: str, endpoint_url: str | None = None) -> BlobStore:
     """A store for ``url``: ``s3://bucket/prefix`` (boto3) or a folder / ``file://`` path."""
     if url.startswith("s3://"):
-        from api.s3store import S3Store
+        from api.store.s3 import S3Store
 
         return S3Store(url, endpoint_url)
     return LocalStore(url.removeprefix("file://"))

@@ -1,0 +1,1 @@
+"""Comparison jobs: claimed by workers from the database queue."""

@@ -1,0 +1,1 @@
+"""HTTP routes under /api/v1: each parses, authorizes and makes one service call."""

@@ -1,0 +1,74 @@
+"""JSON routes behind the dashboard pages (under /api/v1): each authorizes and makes one query call."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from api.dashboard_schemas import ComparisonRuns, Heatmap, OpDetail, OpGroups, OpHistory, Overview, RegressionEventPublic
+from api.routes.core import Limit, Offset, ProjectName, ServicesDep, TokenDep, _project_of_comparison, read_project
+from api.schemas import Page
+from api.store import dashboard_queries as dq
+from api.store import queries
+
+router = APIRouter(tags=["dashboard"])
+OpKey = Annotated[str, Query(min_length=1, max_length=1000, description="op key, e.g. model.layers.0.mlp/aten.mm#0")]
+
+
+@router.get("/projects/{project}/overview", response_model=Overview)
+def overview(project: ProjectName, svc: ServicesDep, token: TokenDep) -> Overview:
+    """Targets x their latest verdict, open regressions and recent comparisons."""
+    return dq.overview(svc.db, read_project(svc, project, token))
+
+
+@router.get("/comparisons/{comparison_id}/runs", response_model=ComparisonRuns)
+def comparison_runs(comparison_id: str, svc: ServicesDep, token: TokenDep) -> ComparisonRuns:
+    """Both runs of a comparison (labels, targets, devices, variants, tags) and their environment diff."""
+    return dq.comparison_runs(svc.db, _project_of_comparison(svc, comparison_id, token))
+
+
+@router.get("/comparisons/{comparison_id}/op-groups", response_model=OpGroups)
+def op_groups(
+    comparison_id: str, svc: ServicesDep, token: TokenDep,
+    verdict: Annotated[str | None, Query(description="comma-separated verdicts")] = None,
+    module: Annotated[str | None, Query(description="module path glob")] = None,
+    op: str | None = None, search: Annotated[str | None, Query(max_length=1000, description="part of the op key")] = None,
+    fold: Annotated[bool, Query(description="fold inherited failures under the local failure they follow")] = True,
+    sort: str = "worst", order: str = "desc", limit: Limit = 50, offset: Offset = 0,
+) -> OpGroups:
+    """Every op of a comparison, filtered and paged; inherited failures folded under their first divergence."""
+    _project_of_comparison(svc, comparison_id, token)
+    rows, count = queries.op_results(svc.db, comparison_id, op=op, module=module, verdict=verdict, search=search,
+                                     inherited=False if fold else None, sort=sort, order=order,
+                                     limit=limit, offset=offset)
+    return OpGroups(data=dq.op_groups(svc.db, comparison_id, rows, fold), count=count, folded=fold)
+
+
+@router.get("/comparisons/{comparison_id}/op", response_model=OpDetail)
+def op_detail(comparison_id: str, key: OpKey, svc: ServicesDep, token: TokenDep) -> OpDetail:
+    """One op in one comparison: metrics, error histogram and quantiles, reference and target statistics."""
+    return dq.op_detail(svc.db, svc.store, _project_of_comparison(svc, comparison_id, token), key)
+
+
+@router.get("/projects/{project}/op-history", response_model=OpHistory)
+def op_history(project: ProjectName, key: OpKey, svc: ServicesDep, token: TokenDep, metric: str = "norm_l2",
+               target: str | None = None, points: Annotated[int, Query(ge=1, le=1000)] = 200) -> OpHistory:
+    """An op's metric per target over time, with budget, band, out-of-band points and the runs it was accepted in."""
+    return dq.op_history(svc.db, read_project(svc, project, token), key, metric, target, points)
+
+
+@router.get("/projects/{project}/heatmap", response_model=Heatmap)
+def heatmap(project: ProjectName, svc: ServicesDep, token: TokenDep, metric: str = "severity",
+            target: str | None = None, runs: Annotated[int, Query(ge=1, le=200)] = 30,
+            ops: Annotated[int, Query(ge=1, le=500)] = 60) -> Heatmap:
+    """Ops x the latest comparisons, coloured by severity: where drift started and which ops move together."""
+    return dq.heatmap(svc.db, read_project(svc, project, token), metric, target, runs, ops)
+
+
+@router.get("/projects/{project}/regression-events", response_model=Page[RegressionEventPublic])
+def regression_events(project: ProjectName, svc: ServicesDep, token: TokenDep, regression: int | None = None,
+                      limit: Limit = 50, offset: Offset = 0) -> Page[RegressionEventPublic]:
+    """Who acknowledged, accepted or re-opened which regression, and when (newest first)."""
+    rows, count = dq.regression_events(svc.db, read_project(svc, project, token), regression, limit, offset)
+    return Page(data=rows, count=count)

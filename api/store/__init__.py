@@ -1,0 +1,1 @@
+"""Persistence: database engine and models, queries, curation, upload ingest, blob stores."""
