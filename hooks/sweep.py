@@ -193,16 +193,16 @@ def _first_difference(a: list[str], b: list[str]) -> str:
     return f"{len(a)} kernels plain vs {len(b)} under the mode"
 
 
-def self_compare(opinfo: Any, max_samples: int = 4, workdir: Path | None = None) -> list[str]:
+def self_compare(opinfo: Any, max_samples: int = 4, workdir: Path | None = None) -> Any:
     """Capture ``opinfo``'s CPU float32 samples twice at ``aten`` level and compare the two bundles;
-    returns the out-of-band ops (``FAILED | id | reason``). An identical second run must fail nothing:
-    ops whose outputs hold uninitialised memory (``_ctc_loss``'s log_alpha beyond the valid region)
-    are auxiliary outputs, reported but not judged alone."""
+    returns the :class:`~accuracy.compare.ComparisonReport` (None when nothing was recorded). An
+    identical second run must fail nothing: outputs that hold uninitialised memory (``_ctc_loss``'s
+    log_alpha beyond the valid region) are auxiliary outputs, reported but not judged alone."""
     from accuracy.compare import compare
     from accuracy.errors import OpbandError
 
     if opinfo.name in UNINITIALIZED:
-        return []
+        return None
     with torch.no_grad():
         samples = []
         for s in opinfo.sample_inputs("cpu", torch.float32, requires_grad=False):
@@ -222,7 +222,6 @@ def self_compare(opinfo: Any, max_samples: int = 4, workdir: Path | None = None)
                         continue
             paths.append(path)
         try:
-            rep = compare(paths[0], paths[1])
+            return compare(paths[0], paths[1])
         except OpbandError:  # nothing recorded (every sample rejected, or no op that moves numbers)
-            return []
-    return [f"FAILED | {o.id} | {o.reason}" for o in rep.ops if o.verdict in ("fail", "warn")]
+            return None
