@@ -325,8 +325,12 @@ BY_NAME = {m.name: m for m in MODELS}
 
 
 # -- running a case -------------------------------------------------------------------------------
+#: Capture options of every zoo run (``benchmarks/zoo.py --level``/``--inputs`` change them).
+CAPTURE_OPTIONS: dict[str, Any] = {"level": "aten"}
+
+
 def capture_run(model_entry: Model, case: Case | None, path: Path) -> Path:
-    """Capture one forward pass of the model (the reference when ``case`` is None) at aten level."""
+    """Capture one forward pass of the model (the reference when ``case`` is None), aten level by default."""
     model, inputs = model_entry.build()
     variant = case.variant if case else "fp32"
     if case is not None and case.fault is not None:
@@ -337,7 +341,7 @@ def capture_run(model_entry: Model, case: Case | None, path: Path) -> Path:
     if case is not None and case.threads:
         torch.set_num_threads(case.threads)
     try:
-        with torch.no_grad(), capture(model, path, run={**notes, "device": "cpu"}, progress=False):
+        with torch.no_grad(), capture(model, path, run={**notes, "device": "cpu"}, progress=False, **CAPTURE_OPTIONS):
             model(**inputs)
     finally:
         torch.set_num_threads(threads)
