@@ -196,10 +196,8 @@ def run_gate(server: str, project: str, reference: Path, target: Path, *, token:
 
 
 def local_failures(ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The failing ops that are not inherited (a module's output only where no op was recorded): the ones
-    the service opens regressions for."""
-    has_ops = any(o["kind"] != "module" for o in ops)
-    return [o for o in ops if o["verdict"] == "fail" and not o["inherited"] and (o["kind"] != "module" or not has_ops)]
+    """The failing ops that are not inherited: the ones the service opens regressions for."""
+    return [o for o in ops if o["verdict"] == "fail" and not o["inherited"]]
 
 
 def accepted_failures(client: Client, project: str, c: dict[str, Any], ops: list[dict[str, Any]]) -> list[str] | None:
