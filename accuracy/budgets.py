@@ -84,6 +84,7 @@ FLOOR: dict[str, float] = {
     "float8_e4m3fn": 6e-2,
     "float8_e5m2": 1.2e-1,
     "int8": 2e-2,
+    "int4": 1.7e-1,
 }
 
 #: Propagated mode: errors from every upstream op arrive too, so one budget per dtype, in units
@@ -101,6 +102,7 @@ PROPAGATED_U: dict[str, float] = {
     "float8_e4m3fn": 4.0,
     "float8_e5m2": 4.0,
     "int8": 64.0,
+    "int4": 8.0,  # u = 1/30: weight-only int4 (w4a16), random-weight GPT-2 logits 0.12 (= 3.5u)
 }
 DTYPES = tuple(PROPAGATED_U)
 
@@ -168,7 +170,7 @@ def reduction_length(op: str, input_shapes: Sequence[Sequence[int] | None], shap
     return max(shapes[0][-1], 1)
 
 
-_VARIANT_DTYPE = {"fp16": "float16", "bf16": "bfloat16", "int8": "int8",
+_VARIANT_DTYPE = {"fp16": "float16", "bf16": "bfloat16", "int8": "int8", "w8a16": "int8", "w4a16": "int4",
                   "fp8-e4m3": "float8_e4m3fn", "fp8-e5m2": "float8_e5m2", "tf32": "tfloat32"}
 
 
@@ -179,10 +181,10 @@ def effective_dtype(target_dtype: str, variant: str, mode: str = "propagated") -
     computes in fp32 inside a bf16 run (an upcast RMSNorm, a float softmax) still receives
     bf16-rounded inputs, so the run's lowest precision is the one that bounds its error.
     """
-    low = _VARIANT_DTYPE.get(variant)
+    low = _VARIANT_DTYPE.get(variant.removesuffix("-rowwise"))
     if low is None:
         return target_dtype
-    if variant in ("int8", "tf32") or variant.startswith("fp8") or mode == "propagated":
+    if variant in ("int8", "w8a16", "w4a16", "tf32") or variant.startswith("fp8") or mode == "propagated":
         return low
     return target_dtype
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import os
 import struct
 import sys
@@ -120,7 +121,7 @@ class BundleWriter:
             raise BundleError(f"duplicate tensor name {name!r}")
         if dtype not in DTYPES:
             raise BundleError(f"unsupported dtype tag {dtype!r}")
-        size = int(np.prod(shape, dtype=np.int64)) * DTYPES[dtype][1]
+        size = math.prod(shape) * DTYPES[dtype][1]
         view = memoryview(data)
         view = memoryview(b"") if view.nbytes == 0 else view.cast("B") if view.format != "B" or view.ndim != 1 else view
         if view.nbytes != size:
@@ -301,6 +302,7 @@ class Bundle:
         self.tensors = tensors
         self._data_start = data_start
         self._records_by_id = {r.id: r for r in manifest.records}
+        self._map: mmap.mmap | None = None  # the whole file, mapped once (per-tensor memmaps cost ~70 us each)
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> Bundle:
@@ -331,9 +333,19 @@ class Bundle:
         np_dtype = DTYPES[info.dtype][0]
         if info.nbytes == 0:
             return np.zeros(info.shape, dtype=np_dtype)
-        return np.memmap(
-            self.path, dtype=np_dtype, mode="r", offset=self._data_start + info.begin, shape=info.shape
-        )
+        if self._map is None:
+            with open(self.path, "rb") as f:
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        count = info.nbytes // np_dtype.itemsize
+        return np.frombuffer(self._map, np_dtype, count, self._data_start + info.begin).reshape(info.shape)
+
+    def stored(self, name: str) -> tuple[np.ndarray, str | None]:
+        """``(array, dtype)`` for the metric kernels: BF16 as its raw words with ``dtype="BF16"``
+        (read undecoded), FP8 decoded to float32, anything else as stored (``dtype=None``)."""
+        tag = self.tensors[name].dtype
+        if tag == "BF16":
+            return self.raw(name), tag
+        return self.values(name), None
 
     def values(self, name: str) -> np.ndarray:
         """The tensor as a numeric numpy array, decoding BF16/F8 to float32 (lazily mapped)."""

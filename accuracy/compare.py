@@ -61,6 +61,7 @@ class OpResult:
     golden_ratio: float | None = None  # golden mode: target error / reference error
     finding: str | None = None  # e.g. a precision trap: "computed in bfloat16, reference float32, run declared fp32"
     auxiliary: str | None = None  # what a by-product output is ("saved mean", "indices"): reported, never failing alone
+    layouts: tuple[str, str] | None = None  # (reference, target) memory layouts when they differ
 
     @property
     def id(self) -> str:
@@ -112,6 +113,12 @@ class ComparisonReport:
 
     def __bool__(self) -> bool:
         return self.verdict != "fail"
+
+    @property
+    def first_gradient_divergence(self) -> OpResult | None:
+        """The earliest out-of-budget gradient or parameter update (training captures), in backward order."""
+        bad = [o for o in self.ops if o.kind == "grad" and o.verdict in ("fail", "warn") and o.aligned_by != "none"]
+        return min(bad, key=lambda o: o.index) if bad else None
 
     def worst_first(self) -> list[OpResult]:
         return sorted(self.ops, key=lambda o: (-TABLE_ORDER.index(o.verdict), o.inherited, -o.severity, o.index))
@@ -168,6 +175,9 @@ def compare(
         # outputs) have no counterpart; an op sweep's targets re-run its aten and api (torch.*) cases
         kinds = {t.kind for t in tgt.records} - {"module", "grad"} or {"aten"}
         ref_records = [r for r in ref.records if r.kind in kinds]
+    blocks = (tgt.manifest.run.get("compile") or {}).get("blocks")
+    if blocks:  # a compiled target records its blocks' outputs, not what runs inside them
+        ref_records = [r for r in ref_records if not inside_compiled(r, blocks)]
     pairs, unmatched = align(ref_records, tgt.records)
     if not pairs:
         raise OpbandError(
@@ -249,6 +259,15 @@ def _parameter_divergence(results: list[OpResult], diffs: list[ParameterDifferen
     chosen.verdict, chosen.inherited = "fail", False
     chosen.finding = f"{chosen.finding}; {words}" if chosen.finding else words
     return chosen
+def inside_compiled(r: Record, blocks: Iterable[str]) -> bool:
+    """Whether a record lies inside a compiled block (``hooks.compiled``): an op of the block or of a
+    module under it, or a module under it. The block's own output is observable."""
+    for b in blocks:
+        if not b:
+            return r.kind != "module" or r.module != ""
+        if r.module.startswith(b + ".") or (r.module == b and r.kind != "module"):
+            return True
+    return False
 
 
 def is_golden(b: Bundle) -> bool:
@@ -293,7 +312,11 @@ class _Context:
     target: str
 
     def judge_pair(self, pair: Pair) -> OpResult:
-        result = self._judge_pair(pair)
+        result = self._judge_values(pair)
+        r, t = pair.reference, pair.target
+        if r.layout != t.layout:  # values are stored in logical order: the comparison is by logical index
+            result.layouts = (r.layout, t.layout)
+            result.reason += f" (layouts differed: reference {r.layout}, target {t.layout}; compared by logical index)"
         aux = auxiliary_output(result.op, result.output)
         if aux is not None:
             result.auxiliary = aux
@@ -302,7 +325,7 @@ class _Context:
                 result.verdict = "pass"
         return result
 
-    def _judge_pair(self, pair: Pair) -> OpResult:
+    def _judge_values(self, pair: Pair) -> OpResult:
         r, t = pair.reference, pair.target
         base = _base(pair)
         if not same_elements(r, t):
@@ -399,12 +422,12 @@ def _measure(ref: Bundle | None, tgt: Bundle, r: Record | None, t: Record) -> Me
         if not is_float_dtype(r.dtype) or not is_float_dtype(t.dtype):
             return compare_discrete(ref.iter_chunks(r.tensor), tgt.iter_chunks(t.tensor))
         absmax = r.stats.absmax if r.stats and r.stats.absmax is not None else None
-        ref_chunks, tgt_chunks = ref.iter_chunks(r.tensor), tgt.iter_chunks(t.tensor)
         top = DTYPE_MAX.get(t.dtype)
         if top is not None and absmax is not None and absmax > top:  # beyond the target's range: compare clipped
-            ref_chunks, tgt_chunks = _clipped(ref_chunks, top), _clipped(tgt_chunks, top)
-            absmax = top
-        return compare_arrays(ref_chunks, tgt_chunks, t.dtype, absmax)
+            ref_chunks, tgt_chunks = _clipped(ref.iter_chunks(r.tensor), top), _clipped(tgt.iter_chunks(t.tensor), top)
+            return compare_arrays(ref_chunks, tgt_chunks, t.dtype, top)
+        (rv, rtag), (tv, ttag) = ref.stored(r.tensor), tgt.stored(t.tensor)
+        return compare_arrays(rv, tv, t.dtype, absmax, reference_dtype=rtag, stored_dtype=ttag)
     if r.stats and t.stats:
         return compare_stats(r.stats, t.stats, t.dtype)
     return None

@@ -53,11 +53,20 @@ class Record(BaseModel):
     stats: Stats | None = None
     qparams: dict[str, Any] | None = None
     step: int = 0
+    strides: list[int] | None = None  # 1.2: the output's strides when it is not contiguous (values stay logical)
+    memory_format: str | None = None  # 1.2: "channels_last", "channels_last_3d" or "strided"; None = contiguous
 
     @property
     def id(self) -> str:
         """Unique within a bundle: the op key, plus ``:N`` for output N > 0."""
         return self.key if self.output == 0 else f"{self.key}:{self.output}"
+
+    @property
+    def layout(self) -> str:
+        """``contiguous``, ``channels_last`` … or ``strided [s0, s1]``: how the output lay in memory."""
+        if self.memory_format is None:
+            return "contiguous"
+        return f"strided {self.strides}" if self.memory_format == "strided" else self.memory_format
 
     @property
     def shape_signature(self) -> str:

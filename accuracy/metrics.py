@@ -1,20 +1,16 @@
-"""Error distributions between a reference and a target tensor, in one chunked pass.
+"""Error distributions between a reference and a target tensor, in one fused pass.
 
-One pass over aligned chunks of ``CHUNK`` elements (32 Ki, so a chunk's temporaries stay in
-cache); every sum is carried across chunks in float64. Two kernels share the accumulator:
-
-- ``_fast_chunk``: both chunks float32 (BF16/F16/F8 decode to float32 exactly) and every value
-  finite. Element work is done in float32 into reused buffers; per-chunk sums are BLAS dot
-  products (the four plain sums as one matrix-vector product) with float32 accumulation over at
-  most 32 Ki elements (relative error ~1e-6, far below the 3 digits the reports show) and are
-  summed across chunks in float64. Cosine is derived from ``d = t - r``
-  (``1 - cos = (|d|^2 - (|r| - |t|)^2) / (2 |r| |t|)``), so it keeps its accuracy when it is
-  1 - 1e-12. ULP distances use the float32 exponent bits, not ``np.frexp``. The histogram is
-  exact: ``np.bincount`` of the float32 bits of ``|d|`` shifted right by 21. The maximum error is
-  taken first: NaN/Inf send the chunk to the float64 kernel before any other work, and an exact
-  chunk (every error zero) costs one more dot product.
-- ``_exact_chunk``: anything else (a float64 golden, NaN/Inf, values that overflow float32
-  squares): float64 element work, NaN/Inf bookkeeping, the same definitions.
+The element work is :mod:`accuracy.fused`'s error kernel (numba): one read of both arrays, in
+their stored form (float32, float64, BF16/F16 words), computes every sum, maximum, threshold count,
+the NaN/Inf bookkeeping and the exact histogram at once; chunks (``CHUNK`` elements per call, or a
+bundle's chunks) and threads add into one accumulator, whose sums are float64. Pairs of 16/32-bit
+floats are worked in float32 within blocks of 512 elements (a float32 difference is the exact one
+correctly rounded; relative error of a block sum ~1e-6, far below the 3 digits the reports show);
+a pair with a float64 side, a block with NaN/Inf, a float32 overflow, or squares near float32's
+underflow is worked in float64. Cosine is derived from ``d = t - r``
+(``1 - cos = (|d|^2 - (|r| - |t|)^2) / (2 |r| |t|)``), so it keeps its accuracy when it is
+1 - 1e-12. ULP distances use the exponent bits, not ``frexp``. The histogram is exact: each
+element's slot comes from the float32 bits of ``|d|`` shifted right by 21.
 
 Definitions (``r`` reference, ``t`` target, over elements where both are finite):
 
@@ -42,9 +38,11 @@ from typing import Any
 
 import numpy as np
 
+from accuracy import fused
+
 REL_THRESHOLDS = (1e-4, 1e-3, 5e-3)
 QUANTILES = (0.5, 0.9, 0.99, 0.999)
-CHUNK = 1 << 15
+CHUNK = 1 << 22  # elements per kernel call of an in-memory array (the kernel blocks them itself)
 
 #: Histogram geometry (see the module docstring): quarter-octave bins of |error|.
 HIST_PER_OCTAVE = 4
@@ -56,10 +54,10 @@ HIST_EDGES = np.array(
     [2.0 ** (HIST_LOW_EXP + i // HIST_PER_OCTAVE) * (1 + (i % HIST_PER_OCTAVE) / HIST_PER_OCTAVE) for i in range(_N_BINS)]
     + [2.0**HIST_HIGH_EXP]
 )
-_SHIFT = 23 - 2  # float32 bits >> 21 = exponent * 4 + top two mantissa bits
-_FINE_LOW = (HIST_LOW_EXP + 127) * HIST_PER_OCTAVE
-_FINE_HIGH = (HIST_HIGH_EXP + 127) * HIST_PER_OCTAVE
-_FINE_SLOTS = 1 << (31 - _SHIFT)
+# the kernel's histogram code: 0 for exact zeros, else 1 + (float32 bits of |d| >> 21), where
+# bits >> 21 = exponent * 4 + top two mantissa bits
+_CODE_LOW = 1 + (HIST_LOW_EXP + 127) * HIST_PER_OCTAVE
+_CODE_HIGH = 1 + (HIST_HIGH_EXP + 127) * HIST_PER_OCTAVE
 
 #: Mantissa bits (excluding the implicit one) and smallest normal of each floating dtype.
 FLOAT_FORMATS: dict[str, tuple[int, float]] = {
@@ -75,11 +73,13 @@ INT_DTYPES = ("int8", "qint8", "quint8", "int16", "int32", "int64", "uint8", "bo
 
 
 def machine_eps(dtype: str) -> float:
-    """Unit roundoff (half an ulp at 1.0) of a float dtype name; int8 uses half its 1/127 step."""
+    """Unit roundoff (half an ulp at 1.0) of a float dtype name; int8 (int4) uses half its 1/127 (1/15) step."""
     if dtype in FLOAT_FORMATS:
         return 2.0 ** -(FLOAT_FORMATS[dtype][0] + 1)
     if dtype in ("int8", "qint8", "quint8"):
         return 1.0 / 254.0
+    if dtype == "int4":
+        return 1.0 / 30.0
     return 0.0
 
 
@@ -161,58 +161,16 @@ def _qname(q: float) -> str:
     return f"p{q * 100:g}"
 
 
-class _Buffers:
-    """Reused work buffers of the fast kernel for one chunk length (all float32 unless noted).
-
-    ``sums`` stacks the four arrays whose plain sums are needed (``d``, ``|d|``, relative and
-    scaled ULP errors) so a single matrix-vector product with ``ones`` gives all four sums.
-    Constant operands of float comparisons/maxima are arrays (numpy's scalar-broadcast loops are
-    slower than array-array loops for those); integer constants stay scalars.
-    """
-
-    __slots__ = ("sums", "d", "ad", "rel", "ulp", "bits", "wide", "mask", "ones", "guard")
-
-    def __init__(self, n: int, guard: np.float32) -> None:
-        self.sums = np.empty((4, n), np.float32)
-        self.d, self.ad, self.rel, self.ulp = self.sums
-        self.bits = np.empty(n, np.int32)
-        self.wide = np.empty(n, np.intp)  # histogram codes, in np.bincount's own index type
-        self.mask = np.empty(n, np.bool_)
-        self.ones = np.ones(n, np.float32)
-        self.guard = np.full(n, guard)
+def _guard(target_dtype: str, ref_absmax: float | None) -> float:
+    tiny = FLOAT_FORMATS.get(target_dtype, FLOAT_FORMATS["float32"])[1]
+    if ref_absmax and math.isfinite(ref_absmax):
+        return max(machine_eps(target_dtype) * ref_absmax, tiny)
+    return tiny
 
 
-class _Accumulator:
-    """Running float64 sums over chunks, plus the reused float32 buffers of the fast kernel."""
-
-    def __init__(self, target_dtype: str, guard: float) -> None:
-        self.mant, self.tiny = FLOAT_FORMATS.get(target_dtype, FLOAT_FORMATS["float32"])
-        self.guard = guard
-        self.guard32 = np.float32(max(guard, 2.0**-126))
-        tiny32 = np.float32(max(self.tiny, 2.0**-126))
-        self.tiny_exp_bits = np.int32(int(tiny32.view(np.int32)) & 0x7F800000)
-        # ulp(r) uses max(|r|, tiny); when the relative-error guard is that same power of two,
-        # the exponent bits can be read off max(|r|, guard) without a separate clamp
-        self.guard_is_tiny = bool(self.guard32 == tiny32)
-        self.ulp_one = np.float32(2.0**-self.mant)  # scaled ULP distance of exactly 1 ulp
-        self.thresholds32 = tuple(np.float32(th) for th in REL_THRESHOLDS)
-        self.numel = self.finite = self.exact = 0
-        self.nan_mismatch = self.inf_mismatch = self.nan_where_ref_finite = 0
-        self.sum_abs = self.sum_err = self.sum_sq_err = self.sum_sq_ref = self.dot_dr = 0.0
-        self.sum_rel = self.sum_ulp = 0.0
-        self.max_abs = self.max_rel = self.ulp_max = 0.0
-        self.over_ulp = 0
-        self.rel_over = [0] * len(REL_THRESHOLDS)
-        self.fine = np.zeros(_FINE_SLOTS, np.int64)  # histogram by float32 bits >> 21
-        self.zeros = 0
-        self._bufs: dict[int, _Buffers] = {}
-
-    def buffers(self, n: int) -> _Buffers:
-        """Work buffers of chunk length ``n``."""
-        bufs = self._bufs.get(n)
-        if bufs is None:
-            bufs = self._bufs[n] = _Buffers(n, self.guard32)
-        return bufs
+def _accumulator(target_dtype: str, ref_absmax: float | None) -> fused.ErrorAccumulator:
+    mant, tiny = FLOAT_FORMATS.get(target_dtype, FLOAT_FORMATS["float32"])
+    return fused.ErrorAccumulator(_guard(target_dtype, ref_absmax), tiny, mant, REL_THRESHOLDS)
 
 
 def compare_arrays(
@@ -220,17 +178,21 @@ def compare_arrays(
     target: np.ndarray | Iterable[np.ndarray],
     target_dtype: str = "float32",
     ref_absmax: float | None = None,
+    reference_dtype: str | None = None,
+    stored_dtype: str | None = None,
 ) -> Metrics:
-    """Compute :class:`Metrics` for two equally shaped arrays (or matching chunk iterators)."""
-    tiny = FLOAT_FORMATS.get(target_dtype, FLOAT_FORMATS["float32"])[1]
-    guard = max(machine_eps(target_dtype) * ref_absmax, tiny) if ref_absmax and math.isfinite(ref_absmax) else tiny
-    acc = _Accumulator(target_dtype, guard)
-    with np.errstate(all="ignore"):  # overflow/NaN in the float32 kernel sends the chunk to float64
-        for r, t in zip(_chunks(reference), _chunks(target), strict=True):
-            if r.shape != t.shape:
-                raise ValueError(f"chunk shapes differ: {r.shape} vs {t.shape}")
-            for start in range(0, r.shape[0], CHUNK):
-                _chunk(acc, r[start : start + CHUNK], t[start : start + CHUNK])
+    """Compute :class:`Metrics` for two equally shaped arrays (or matching chunk iterators).
+
+    ``reference_dtype``/``stored_dtype``: the dtype names of the reference's and the target's
+    values when the arrays hold raw words (``BF16`` as uint16), so they are read undecoded."""
+    acc = _accumulator(target_dtype, ref_absmax)
+    threads = fused.default_threads()
+    for r, t in zip(_chunks(reference), _chunks(target), strict=True):
+        if r.shape != t.shape:
+            raise ValueError(f"chunk shapes differ: {r.shape} vs {t.shape}")
+        rk, tk = _kernel_input(r, reference_dtype), _kernel_input(t, stored_dtype)
+        for start in range(0, rk.shape[0], CHUNK):
+            acc.add(rk[start : start + CHUNK], tk[start : start + CHUNK], threads)
     return _finish(acc)
 
 
@@ -241,155 +203,25 @@ def _chunks(x: np.ndarray | Iterable[np.ndarray]) -> Iterator[np.ndarray]:
         yield from (np.asarray(c).reshape(-1) for c in x)
 
 
-def _as_f32(x: np.ndarray) -> np.ndarray | None:
-    """``x`` as float32 when that is exact (float32, float16), else None."""
-    if x.dtype == np.float32:
-        return x
-    if x.dtype == np.float16:
-        return x.astype(np.float32)
-    return None
+def _kernel_input(x: np.ndarray, dtype: str | None) -> np.ndarray:
+    """``x`` as the kernel reads it: stored floats as they are, anything else as float64."""
+    k = fused.kernel_array(np.asarray(x), dtype)
+    return k if k is not None else np.asarray(x, np.float64).reshape(-1)
 
 
-def _chunk(acc: _Accumulator, r: np.ndarray, t: np.ndarray) -> None:
-    n = r.shape[0]
-    if n == 0:
-        return
-    r32, t32 = _as_f32(r), _as_f32(t)
-    if r32 is not None and t32 is not None and _fast_chunk(acc, r32, t32):
-        return
-    _exact_chunk(acc, r.astype(np.float64), t.astype(np.float64))
-
-
-_SQ_UNDERFLOW = 2.0**-100  # sum of r^2 below this: every |r| < 1e-15, squares near float32's tiny
-_ERR_UNDERFLOW = 2.0**-60  # largest |t - r| below this: its square is below 2^-120
-
-
-def _fast_chunk(acc: _Accumulator, r: np.ndarray, t: np.ndarray) -> bool:
-    """float32 kernel; returns False (having changed nothing) when a value is not finite."""
-    n = r.shape[0]
-    b = acc.buffers(n)
-    d, ad = b.d, b.ad
-    np.subtract(t, r, out=d)
-    np.abs(d, out=ad)
-    max_abs = float(ad.max())  # NaN or Inf anywhere in r or t makes this NaN or Inf
-    if not math.isfinite(max_abs) or 0 < max_abs < _ERR_UNDERFLOW:
-        return False  # tiny errors: their squares would underflow float32, use the float64 kernel
-    sq_ref = float(np.dot(r, r))
-    if not math.isfinite(sq_ref) or sq_ref < _SQ_UNDERFLOW:
-        return False
-    if max_abs == 0:  # an exact chunk: every error statistic is zero, every element a zero slot
-        acc.numel += n
-        acc.finite += n
-        acc.sum_sq_ref += sq_ref
-        acc.fine[0] += n
-        acc.zeros += n
-        return True
-    sq_err = float(np.dot(d, d))
-    dot_dr = float(np.dot(d, r))
-    # relative error against the guarded |r|
-    rel, bits = b.rel, b.bits
-    np.abs(r, out=rel)
-    np.maximum(rel, b.guard, out=rel)
-    # ULP distance scaled by 2^-mant: |d| * 2^-exponent(max(|r|, tiny)), from the exponent bits
-    if acc.guard_is_tiny:
-        np.bitwise_and(rel.view(np.int32), np.int32(0x7F800000), out=bits)
-    else:
-        np.bitwise_and(r.view(np.int32), np.int32(0x7F800000), out=bits)
-        np.maximum(bits, acc.tiny_exp_bits, out=bits)
-    np.divide(ad, rel, out=rel)
-    np.subtract(np.int32(254 << 23), bits, out=bits)  # the float32 bits of 2^-exponent
-    ulp = b.ulp
-    np.multiply(ad, bits.view(np.float32), out=ulp)
-    sum_err, sum_abs, sum_rel, sum_ulp = (b.sums @ b.ones).tolist()
-    if not all(map(math.isfinite, (sum_abs, sum_err, sq_err, dot_dr, sum_rel, sum_ulp))):
-        return False
-    acc.numel += n
-    acc.finite += n
-    acc.sum_abs += sum_abs
-    acc.sum_err += sum_err
-    acc.sum_sq_err += sq_err
-    acc.sum_sq_ref += sq_ref
-    acc.dot_dr += dot_dr
-    acc.sum_rel += sum_rel
-    acc.sum_ulp += sum_ulp * 2.0**acc.mant
-    max_rel, ulp_max = float(rel.max()), float(ulp.max())
-    acc.max_abs = max(acc.max_abs, max_abs)
-    acc.max_rel = max(acc.max_rel, max_rel)
-    acc.ulp_max = max(acc.ulp_max, ulp_max * 2.0**acc.mant)
-    mask = b.mask
-    if ulp_max > acc.ulp_one:  # counts are skipped when no element can be over
-        acc.over_ulp += int(np.count_nonzero(np.greater(ulp, acc.ulp_one, out=mask)))
-    for i, threshold in enumerate(acc.thresholds32):
-        if max_rel > threshold:
-            acc.rel_over[i] += int(np.count_nonzero(np.greater(rel, threshold, out=mask)))
-    # histogram: the float32 bits of |d| >> 21 (exponent and top two mantissa bits)
-    wide = b.wide
-    np.right_shift(ad.view(np.int32), _SHIFT, out=wide)
-    counts = np.bincount(wide)  # no minlength: the slots above the largest error stay as they are
-    acc.fine[: counts.shape[0]] += counts
-    if counts[0]:  # slot 0 holds exact zeros and subnormal errors
-        acc.zeros += n - int(np.count_nonzero(ad.view(np.int32)))
-    return True
-
-
-def _exact_chunk(acc: _Accumulator, r: np.ndarray, t: np.ndarray) -> None:
-    """float64 kernel with NaN/Inf bookkeeping."""
-    acc.numel += r.size
-    r_nan, t_nan = np.isnan(r), np.isnan(t)
-    r_inf, t_inf = np.isinf(r), np.isinf(t)
-    acc.nan_mismatch += int(np.count_nonzero(r_nan != t_nan))
-    acc.nan_where_ref_finite += int(np.count_nonzero(t_nan & ~r_nan & ~r_inf))
-    acc.inf_mismatch += int(np.count_nonzero((r_inf != t_inf) | (r_inf & t_inf & (np.sign(r) != np.sign(t)))))
-    both = ~(r_nan | t_nan | r_inf | t_inf)
-    if not both.all():
-        acc.exact += int(np.count_nonzero(~both & ((r_nan & t_nan) | (r == t))))
-        r, t = r[both], t[both]
-    acc.finite += r.size
-    if r.size == 0:
-        return
-    d = t - r
-    ad = np.abs(d)
-    acc.sum_abs += float(ad.sum())
-    acc.sum_err += float(d.sum())
-    acc.sum_sq_err += float(np.dot(d, d))
-    acc.sum_sq_ref += float(np.dot(r, r))
-    acc.dot_dr += float(np.dot(d, r))
-    acc.max_abs = max(acc.max_abs, float(ad.max()))
-    abs_r = np.abs(r)
-    rel = ad / np.maximum(abs_r, acc.guard)
-    acc.max_rel = max(acc.max_rel, float(rel.max()))
-    acc.sum_rel += float(rel.sum())
-    for i, threshold in enumerate(REL_THRESHOLDS):
-        acc.rel_over[i] += int(np.count_nonzero(rel > threshold))
-    _, exp = np.frexp(np.maximum(abs_r, acc.tiny))
-    ulps = ad / np.ldexp(1.0, exp - 1 - acc.mant)
-    acc.ulp_max = max(acc.ulp_max, float(ulps.max()))
-    acc.sum_ulp += float(ulps.sum())
-    acc.over_ulp += int(np.count_nonzero(ulps > 1.0))
-    zero = ad == 0
-    n_zero = int(np.count_nonzero(zero))
-    acc.zeros += n_zero
-    acc.fine[0] += n_zero  # as in the fast kernel, where zeros land in fine slot 0
-    # histogram via the float32 bits of |error|: tiny errors clamp into the lowest slot, errors
-    # beyond float32 range saturate to inf (the overflow slot)
-    with np.errstate(over="ignore"):
-        ad32 = np.maximum(ad[~zero], 2.0**-126).astype(np.float32)
-    acc.fine += np.bincount(ad32.view(np.int32) >> _SHIFT, minlength=_FINE_SLOTS)
-
-
-def _public_histogram(acc: _Accumulator) -> np.ndarray:
-    fine = acc.fine.copy()
-    fine[0] -= acc.zeros  # exact zeros share fine slot 0 with subnormal errors
+def _public_histogram(acc: fused.ErrorAccumulator) -> np.ndarray:
+    codes = acc.hist
     hist = np.zeros(HIST_SLOTS, np.int64)
-    hist[0] = acc.zeros
-    hist[1] = fine[:_FINE_LOW].sum()
-    hist[2 : 2 + _N_BINS] = fine[_FINE_LOW:_FINE_HIGH]
-    hist[-1] = fine[_FINE_HIGH:].sum()
+    hist[0] = codes[0]
+    hist[1] = codes[1:_CODE_LOW].sum()
+    hist[2 : 2 + _N_BINS] = codes[_CODE_LOW:_CODE_HIGH]
+    hist[-1] = codes[_CODE_HIGH:].sum()
     return hist
 
 
-def _finish(acc: _Accumulator) -> Metrics:
-    n, f = acc.numel, max(acc.finite, 1)
+def _finish(acc: fused.ErrorAccumulator) -> Metrics:
+    g = acc.get
+    n, f = int(g("numel")), max(int(g("finite")), 1)
     m = Metrics(numel=n)
     m.share_rel_over = {_rel_key(t): 0.0 for t in REL_THRESHOLDS}
     m.quantiles = {_qname(q): 0.0 for q in QUANTILES}
@@ -397,28 +229,56 @@ def _finish(acc: _Accumulator) -> Metrics:
         m.histogram = [0] * HIST_SLOTS
         return m
     hist = _public_histogram(acc)
-    m.max_abs = acc.max_abs
-    m.mean_abs = acc.sum_abs / f
-    m.rmse = math.sqrt(acc.sum_sq_err / f)
-    m.max_rel = acc.max_rel
-    m.mean_rel = acc.sum_rel / f
-    m.cosine = _cosine(acc.sum_sq_ref, acc.sum_sq_err, acc.dot_dr)
-    m.snr_db = 10 * math.log10(acc.sum_sq_ref / acc.sum_sq_err) if acc.sum_sq_err > 0 and acc.sum_sq_ref > 0 else (
-        math.inf if acc.sum_sq_err == 0 else -math.inf)
-    m.norm_l2 = math.sqrt(acc.sum_sq_err / acc.sum_sq_ref) if acc.sum_sq_ref > 0 else (
-        0.0 if acc.sum_sq_err == 0 else math.inf)
-    m.ulp_max = acc.ulp_max
-    m.ulp_mean = acc.sum_ulp / f
-    m.share_over_1ulp = acc.over_ulp / f
-    m.share_rel_over = {_rel_key(t): c / f for t, c in zip(REL_THRESHOLDS, acc.rel_over, strict=True)}
-    m.error_balance = acc.sum_err / acc.sum_abs if acc.sum_abs > 0 else 0.0
-    m.nan_mismatch = acc.nan_mismatch
-    m.inf_mismatch = acc.inf_mismatch
-    m.nan_where_ref_finite = acc.nan_where_ref_finite
-    m.exact_share = (acc.exact + acc.zeros) / n
+    ulp_scale = 2.0**acc.mant
+    sum_sq_err, sum_sq_ref, sum_abs = g("sum_sq_err"), g("sum_sq_ref"), g("sum_abs")
+    m.max_abs = g("max_abs")
+    m.mean_abs = sum_abs / f
+    m.rmse = math.sqrt(sum_sq_err / f)
+    m.max_rel = g("max_rel")
+    m.mean_rel = g("sum_rel") / f
+    m.cosine = _cosine(sum_sq_ref, sum_sq_err, g("dot_dr"))
+    m.snr_db = 10 * math.log10(sum_sq_ref / sum_sq_err) if sum_sq_err > 0 and sum_sq_ref > 0 else (
+        math.inf if sum_sq_err == 0 else -math.inf)
+    m.norm_l2 = math.sqrt(sum_sq_err / sum_sq_ref) if sum_sq_ref > 0 else (
+        0.0 if sum_sq_err == 0 else math.inf)
+    m.ulp_max = g("ulp_max") * ulp_scale
+    m.ulp_mean = g("sum_ulp") * ulp_scale / f
+    m.share_over_1ulp = g("over_ulp") / f
+    m.share_rel_over = {_rel_key(t): g(f"rel_over_{i}") / f for i, t in enumerate(REL_THRESHOLDS)}
+    m.error_balance = g("sum_err") / sum_abs if sum_abs > 0 else 0.0
+    m.nan_mismatch = int(g("nan_mismatch"))
+    m.inf_mismatch = int(g("inf_mismatch"))
+    m.nan_where_ref_finite = int(g("nan_where_ref_finite"))
+    m.exact_share = (g("exact") + int(hist[0])) / n
     m.histogram = hist.tolist()
-    m.quantiles = {_qname(q): histogram_quantile(hist, q) for q in QUANTILES}
+    m.quantiles = dict(zip(_QNAMES, _quantiles(hist, m.histogram), strict=True))
     return m
+
+
+_QNAMES = tuple(_qname(q) for q in QUANTILES)
+
+
+def _quantiles(hist: np.ndarray, counts: list[int]) -> list[float]:
+    """:func:`histogram_quantile` for every q in QUANTILES from one cumulative sum."""
+    cum = np.cumsum(hist)
+    total = int(cum[-1])
+    if total == 0:
+        return [0.0] * len(QUANTILES)
+    out = []
+    for q, idx in zip(QUANTILES, np.searchsorted(cum, [q * total for q in QUANTILES], side="left").tolist(),
+                      strict=True):
+        out.append(_interpolate(idx, q * total, int(cum[idx - 1]) if idx else 0, counts))
+    return out
+
+
+def _interpolate(idx: int, rank: float, before: int, counts: list[int]) -> float:
+    if idx == 0:
+        return 0.0
+    lo, hi = slot_bounds(idx)
+    if idx == 1 or idx == len(counts) - 1:
+        return lo if idx == len(counts) - 1 else hi
+    frac = (rank - before) / max(counts[idx], 1)
+    return float(lo * (hi / lo) ** min(max(frac, 0.0), 1.0))
 
 
 def _cosine(rr: float, dd: float, dr: float) -> float:
@@ -441,14 +301,7 @@ def histogram_quantile(hist: np.ndarray | list[int], q: float) -> float:
     cum = np.cumsum(counts)
     rank = q * total
     idx = int(np.searchsorted(cum, rank, side="left"))
-    if idx == 0:
-        return 0.0
-    lo, hi = slot_bounds(idx)
-    if idx == 1 or idx == len(counts) - 1:
-        return lo if idx == len(counts) - 1 else hi
-    before = int(cum[idx - 1])
-    frac = (rank - before) / max(int(counts[idx]), 1)
-    return float(lo * (hi / lo) ** min(max(frac, 0.0), 1.0))
+    return _interpolate(idx, rank, int(cum[idx - 1]) if idx else 0, counts.tolist())
 
 
 def slot_bounds(idx: int) -> tuple[float, float]:
@@ -515,7 +368,7 @@ def compare_stats(ref: Any, tgt: Any, target_dtype: str = "float32") -> Metrics:
     if sample_r.size and sample_r.size == sample_t.size:
         m = compare_arrays(sample_r, sample_t, target_dtype, ref.absmax)
     else:
-        m = _finish(_Accumulator(target_dtype, 0.0))
+        m = _finish(_accumulator(target_dtype, None))
     m.numel, m.source = int(ref.numel), "summary"
     n = max(int(ref.numel), 1)
     rms = (ref.l2 / math.sqrt(n)) if ref.l2 else 0.0

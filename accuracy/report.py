@@ -9,6 +9,7 @@ from typing import Any
 
 from accuracy.bands import BandCheck
 from accuracy.compare import ComparisonReport, OpResult
+from accuracy.ranks import RankComparison
 
 REPORT_SCHEMA = "opband.report/1"
 TABLE_METRICS = ("norm_l2", "max_abs", "max_rel", "cosine", "snr_db")
@@ -26,6 +27,8 @@ def to_dict(report: ComparisonReport) -> dict[str, Any]:
         "golden": report.golden,
         "history": report.history,
         "first_divergence": op_to_dict(report.first_divergence) if report.first_divergence else None,
+        "first_gradient_divergence": op_to_dict(report.first_gradient_divergence)
+        if report.first_gradient_divergence else None,
         "ops": [op_to_dict(o) for o in report.worst_first()],
         "parameters": [{"name": d.name, "module": d.module, "how": d.how, "sentence": d.sentence}
                        for d in report.parameters],
@@ -66,6 +69,7 @@ def op_to_dict(o: OpResult) -> dict[str, Any]:
         "inherited": o.inherited,
         "finding": o.finding,
         "auxiliary": o.auxiliary,
+        "layouts": list(o.layouts) if o.layouts else None,
     }
 
 
@@ -121,6 +125,10 @@ def headline(report: ComparisonReport) -> str:
                 f"| {fd.reason}"
         if fd.finding:
             line += f"\nFINDING | {fd.finding}"
+        grad = report.first_gradient_divergence
+        if grad is not None and grad is not fd:
+            line += f"\n{'FAILED' if grad.verdict == 'fail' else 'WARNING'} | first diverging gradient: {grad.id} " \
+                    f"(module {grad.module or '<root>'}, shape {'x'.join(map(str, grad.shape))}) | {grad.reason}"
         run = report.target.get("run") or {}
         if report.mode == "propagated":
             line += "\nNote: later failures marked 'inherited' carry this op's error downstream; " \
@@ -138,6 +146,11 @@ def headline(report: ComparisonReport) -> str:
         line += f"\nFINDING | ... and {len(others) - 5} more parameters differ"
     for note in report.notes:
         line += f"\nNote: {note}"
+    relaid = [o for o in report.ops if o.layouts]
+    if relaid:
+        pairs = sorted({f"{a} -> {b}" for a, b in (o.layouts for o in relaid if o.layouts)})
+        line += f"\nNote: {len(relaid)} ops had different memory layouts ({', '.join(pairs[:3])}); values were " \
+                "compared by logical index."
     return line
 
 
@@ -345,3 +358,56 @@ def to_html(report: ComparisonReport, limit: int | None = None) -> str:
 <script>{_HTML_PAGER % HTML_PAGE}</script>
 </body></html>
 """
+
+
+# -- multi-rank runs (accuracy.ranks) --------------------------------------------------------------
+RANKS_SCHEMA = "opband.report.ranks/1"
+
+
+def ranks_to_dict(rc: RankComparison) -> dict[str, Any]:
+    """The JSON report of a multi-rank comparison: the per-rank reports and the run's first divergence."""
+    fd = rc.first_divergence
+    return {
+        "schema": RANKS_SCHEMA, "verdict": rc.verdict, "world_size": rc.world_size,
+        "first_divergence": {"rank": fd[0], **op_to_dict(fd[1])} if fd else None,
+        "ranks": {str(r): to_dict(rep) for r, rep in rc.reports.items()},
+    }
+
+
+def ranks_headline(rc: RankComparison) -> str:
+    """``PASSED``/``FAILED`` line naming the rank, op and input shapes of the first divergence."""
+    word = "FAILED" if rc.verdict == "fail" else "PASSED"
+    bad = [r for r, rep in rc.reports.items() if rep.verdict == "fail"]
+    line = f"{word} | {rc.verdict} | {rc.world_size} ranks" + (f", failing on rank(s) {bad}" if bad else "")
+    if rc.first_divergence is not None:
+        rank, o = rc.first_divergence
+        line += f"\n{'FAILED' if o.verdict == 'fail' else 'WARNING'} | first divergence: rank {rank}, {o.id} " \
+                f"({op_words(o.key, o.op)}, module {o.module or '<root>'}, input shapes {o.shape_signature}) " \
+                f"| {o.reason}\nNote: other ranks diverge later, through the collectives that carry rank {rank}'s " \
+                "error; its own table follows."
+    return line
+
+
+def ranks_to_text(rc: RankComparison, limit: int | None = 20, width: int = 160) -> str:
+    """One row per rank, then the table of the rank that diverged first, then the headline."""
+    from io import StringIO
+
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"opband compare: {rc.world_size} ranks")
+    for col in ("rank", "verdict", "ops", "fail", "warn", "first divergence", "input shapes"):
+        table.add_column(col, overflow="fold")
+    for r, rep in rc.reports.items():
+        fd = rep.first_divergence
+        table.add_row(str(r), rep.verdict.upper(), str(len(rep.ops)), str(rep.counts.get("fail", 0)),
+                      str(rep.counts.get("warn", 0)), fd.id if fd else "-", fd.shape_signature if fd else "-")
+    buf = StringIO()
+    console = Console(file=buf, width=width, force_terminal=False, no_color=True)
+    console.print(table)
+    if rc.first_divergence is not None:
+        rank = rc.first_divergence[0]
+        console.print(f"rank {rank}:\n" + to_text(rc.reports[rank], limit=limit, width=width),
+                      highlight=False, markup=False, soft_wrap=True)
+    console.print(ranks_headline(rc), highlight=False, markup=False, soft_wrap=True)
+    return buf.getvalue()

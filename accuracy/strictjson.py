@@ -10,11 +10,13 @@ from accuracy.errors import BundleError
 
 def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """``object_pairs_hook`` for json.loads: plain json keeps the last of two equal keys silently."""
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise BundleError(f"duplicate JSON key {key!r}: a bundle header must name each entry once")
-        out[key] = value
+    out = dict(pairs)
+    if len(out) != len(pairs):  # rare: find the first repeated key to name it
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise BundleError(f"duplicate JSON key {key!r}: a bundle header must name each entry once")
+            seen.add(key)
     return out
 
 

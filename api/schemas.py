@@ -19,6 +19,38 @@ def _utc(v: datetime) -> datetime:
 Timestamp = Annotated[datetime, AfterValidator(_utc)]
 
 
+class RequestBody(BaseModel):
+    """Every JSON request body: unknown fields refused, and no NUL character in any string (no database
+    column can hold one), checked here once for all routes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _no_nul(cls, v: Any) -> Any:
+        if isinstance(v, str) and "\x00" in v:
+            raise ValueError("contains a NUL character (\\u0000): remove it")
+        return v
+
+
+class ErrorPublic(BaseModel):
+    """Every error answer: what went wrong and what to do next."""
+
+    detail: str
+
+
+class FieldError(BaseModel):
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class ValidationErrorPublic(ErrorPublic):
+    """422: ``detail`` joins the problems into one sentence; ``errors`` lists them (never the input)."""
+
+    errors: list[FieldError] = Field(default_factory=list)
+
+
 class Page(BaseModel, Generic[T]):
     data: list[T]
     count: int
@@ -54,10 +86,9 @@ class BundleDetail(BundlePublic):
     environment: dict[str, Any]
 
 
-class ComparisonCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    reference: str = Field(description="bundle id of the reference run")
-    target: str = Field(description="bundle id of the target run")
+class ComparisonCreate(RequestBody):
+    reference: str = Field(min_length=1, max_length=64, description="bundle id of the reference run")
+    target: str = Field(min_length=1, max_length=64, description="bundle id of the target run")
     mode: Literal["propagated", "replay", "golden"] = "propagated"
 
 
@@ -182,13 +213,11 @@ class DriftSeries(BaseModel):
     points: list[DriftPoint]
 
 
-class ProjectUpdate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ProjectUpdate(RequestBody):
     public: bool = Field(description="public projects can be read without a token")
 
 
-class BaselineCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class BaselineCreate(RequestBody):
     name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*$",
                       description="e.g. the branch name: main, release/2.4, feature/int8-kv (segments joined by "
                                   "'/', each starting with a letter or digit)")
@@ -202,9 +231,8 @@ class BaselineCreate(BaseModel):
         return v
 
 
-class BaselinePromote(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    comparison: str = Field(max_length=64, description="id of a finished comparison to accept into the baseline")
+class BaselinePromote(RequestBody):
+    comparison: str = Field(min_length=1, max_length=64, description="id of a finished comparison to accept into the baseline")
     force: bool = Field(default=False, description="also accept a comparison whose verdict is fail")
 
 
@@ -214,8 +242,7 @@ class BaselinePublic(BaseModel):
     comparisons: list[str]
 
 
-class DeviationCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class DeviationCreate(RequestBody):
     key_pattern: str = Field(min_length=1, max_length=1000, description="op key glob, e.g. model.layers.*/aten.mm#0")
     shape_signature: str | None = Field(default=None, max_length=1000, description="only these input shapes")
     reason: str = Field(min_length=1, max_length=4000, description="why this deviation is acceptable")
@@ -235,8 +262,7 @@ class DeviationPublic(BaseModel):
     accepted_regressions: int = 0
 
 
-class RegressionUpdate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class RegressionUpdate(RequestBody):
     status: Literal["active", "acknowledged", "accepted", "resolved"]
     author: str | None = Field(default=None, max_length=200, description="who decided (kept in the regression's audit)")
     note: str | None = Field(default=None, max_length=4000, description="why (kept in the audit)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +35,11 @@ class Services:
         temp = getattr(self.store, "temp_dir", None)
         return temp() if temp else self.settings.data_dir / "tmp"
 
+    def disk_folders(self) -> list[Path]:
+        """Local folders the service writes to: the data dir and the upload temp folder (a local store's)."""
+        folders = [self.settings.data_dir, self.upload_temp_dir]
+        return [f for f in folders if f.exists()]
+
     def readiness(self) -> dict[str, str | int]:
         """Check database (and its schema), blob store and job queue; raise Unavailable naming the one that failed."""
         try:
@@ -47,6 +53,11 @@ class Services:
             self.store.check()
         except Exception as e:  # noqa: BLE001
             raise Unavailable(f"not ready: blob store {self.settings.effective_store_url}: {type(e).__name__}: {e}") from e
+        for folder in self.disk_folders():
+            free = shutil.disk_usage(folder).free
+            if free < self.settings.min_free_bytes:
+                raise Unavailable(f"not ready: disk: {free} bytes free under {folder}, below OPBAND_MIN_FREE_BYTES "
+                                  f"({self.settings.min_free_bytes}): free space (`opband gc`, retention) or add disk")
         if self.settings.runs_jobs_in_process and not self.workers.alive():
             raise Unavailable("not ready: queue: the in-process comparison workers have stopped")
         return {"status": "ready", "database": self.db.engine.dialect.name, "store": type(self.store).__name__,

@@ -38,6 +38,18 @@ class Settings(BaseSettings):
     job_lease_seconds: int = Field(default=600, ge=5, description="a running job not renewed in this time is retried")
     max_job_attempts: int = Field(default=3, ge=1)
     max_upload_bytes: int = Field(default=8 << 30, ge=1, description="uploads beyond this get 413")
+    max_json_bytes: int = Field(default=1 << 20, ge=1, description="JSON request bodies beyond this get 413, unread")
+    max_manifest_bytes: int = Field(default=128 << 20, ge=1, description=(
+        "a bundle whose manifest (header) is larger gets 413 before it is parsed"))
+    max_records: int = Field(default=500_000, ge=1, description="bundles with more records than this get 413")
+    upload_idle_seconds: float = Field(default=30.0, gt=0, description=(
+        "an upload that sends nothing for this long is dropped (408) and its temp file removed"))
+    min_free_bytes: int = Field(default=100 << 20, ge=0, description=(
+        "below this much free disk under data_dir (and a local blob store) /ready is 503 and uploads are refused"))
+    partial_max_age_seconds: int = Field(default=3600, ge=60, description=(
+        "upload temp files (.partial) older than this are left by a crash: removed at start and every 10 minutes"))
+    metrics_token: str | None = Field(default=None, description=(
+        "with auth on, /metrics needs 'Authorization: Bearer <this>' (unset: /metrics answers 403)"))
     auth: bool = Field(default=False, description="require project tokens (on whenever bound beyond loopback)")
     host: str = "127.0.0.1"
     port: int = 8000

@@ -7,7 +7,10 @@ one (``accuracy.compare``, propagated mode, default budgets) and prints, as Mark
   error, the first divergence;
 - the worst ops of each target;
 - whether a summary-mode capture on DEVICE ran without one host sync inside the forward
-  (``torch.cuda.set_sync_debug_mode("error")`` makes any synchronising call raise).
+  (``torch.cuda.set_sync_debug_mode("error")`` makes any synchronising call raise): the
+  statistics stay on the device as one row per tensor until the capture ends;
+- whether those on-device statistics (torch kernels) agree with the CPU kernel
+  (``accuracy.fused``, numba) on the same fp32/bf16/fp16 values with NaN, Inf and zeros.
 Bundles and JSON reports go to ``--out`` (default: ``$OUT`` when set, else a temporary folder).
 It takes seconds on a GPU; ``--device cpu`` runs the same steps on the CPU (a dry run).
 
@@ -82,6 +85,28 @@ def _no_sync_summary(device: str, out: Path) -> str:
     return f"ok: {len(records)} records with statistics, no host sync inside the forward"
 
 
+def _device_stats_agree(device: str) -> str:
+    """The on-device statistics (``hooks.tensors.device_stats``: torch kernels on the device, one
+    row per tensor, no host copy) against the CPU kernel (``host_stats``, ``accuracy.fused``) on the
+    same values: counts, min and max exactly, the sums to float32 rounding."""
+    from hooks.tensors import STAT_FIELDS, device_stats, host_stats
+
+    g = torch.Generator(device="cpu").manual_seed(0)
+    problems = []
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        x = torch.randn(1 << 20, generator=g).to(dtype)
+        x[::997] = 0
+        x[5], x[7], x[11] = float("nan"), float("inf"), float("-inf")
+        on_device = device_stats(x.to(device)).to("cpu", torch.float64).tolist()
+        on_host = host_stats(x)
+        for i, name in enumerate(STAT_FIELDS):
+            a, b = on_device[i], on_host[i]
+            exact = name in ("numel", "min", "max", "absmax", "nan", "inf", "zeros")
+            if not (a == b if exact else abs(a - b) <= 1e-5 * max(abs(b), 1.0)):
+                problems.append(f"{dtype} {name}: device {a!r}, host {b!r}")
+    return "FAILED: " + "; ".join(problems) if problems else "ok: device and host statistics agree (fp32, bf16, fp16)"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda", help="device of the targets (default cuda; cpu for a dry run)")
@@ -113,9 +138,11 @@ def main() -> int:
     print("\n".join(details))
     sync = _no_sync_summary(args.device, out)
     print(f"summary capture on {args.device}: {sync}")
+    agree = _device_stats_agree(args.device)
+    print(f"statistics on {args.device}: {agree}")
     (out / "reports.json").write_text(json.dumps(reports))
     print(f"\nbundles and reports in {out}; took {time.monotonic() - started:.1f} s")
-    return 1 if sync.startswith("FAILED") else 0
+    return 1 if sync.startswith("FAILED") or agree.startswith("FAILED") else 0
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 
 from accuracy.manifest import Fingerprints, Record
+from hooks import distributed
 from hooks.environment import environment
 from hooks.composites import faithful_composites
 from hooks.fingerprints import input_prints, parameter_prints
@@ -71,7 +73,8 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
 
     def __init__(self, model: torch.nn.Module, path: str | os.PathLike[str], **options: Any) -> None:
         self.model = model
-        self.path = Path(path)
+        self.distributed = distributed.rank_info()
+        self.path = distributed.rank_path(Path(path), self.distributed)  # one bundle per rank
         self.options = CaptureOptions(**options)
         self.options.validate()
         self.bundle_path: Path | None = None
@@ -131,6 +134,29 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
         """Discard this capture: no bundle is written when the block exits."""
         self._aborted = True
 
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Torch work that is not the model's (an optimizer step, a copy) runs unrecorded in this block."""
+        rec = self._recorder
+        assert rec is not None, "call paused() inside the with block"
+        busy, rec.busy = rec.busy, True
+        try:
+            with torch._C._DisableTorchDispatch():
+                yield
+        finally:
+            rec.busy = busy
+
+    def record_tensor(self, module: str, op: str, tensor: torch.Tensor, kind: str = "grad") -> None:
+        """Record a tensor the model's hooks do not see (e.g. a parameter update) as ``module/op#N``."""
+        rec = self._recorder
+        assert rec is not None, "call record_tensor() inside the with block"
+        if not rec.active:
+            return
+        with self.paused():
+            key, ordinal = rec.next_key(module, op)
+            if rec.wants(module, op):
+                rec.record(kind, module, op, key, ordinal, tensor, [tensor])
+
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if self._mode is not None:
             self._mode.__exit__(exc_type, exc, tb)
@@ -153,6 +179,8 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
         opts = self.options
         run = {**opts.run, "level": opts.level, "mode": opts.mode,
                "options": _options_note(opts), "intrusive_ops": intrusive_ops(opts.level)}
+        if self.distributed is not None:
+            run["distributed"] = self.distributed
         if opts.steps is not None or rec.step:
             run["steps"] = {"selected": opts.steps, "seen": rec.step + 1}
         prints = self._prints if (self._prints.inputs or self._prints.parameters) else None

@@ -1,52 +1,58 @@
-"""FP8 emulation for ``nn.Linear``: weights and activations are quantized to float8 with one
-per-tensor scale and dequantized before an ordinary matmul (no FP8 kernels are called).
+"""FP8 GEMMs through torch's real float8 dtypes and its scaled matmul kernel ``torch._scaled_mm``.
 
-``FP8Linear`` subclasses ``nn.Linear`` and replaces it at the same attribute, so module paths
-(``model.layers.0.mlp.down_proj``) and parameter names stay those of the fp32 model.
+The weight is quantized once and the input on every call to ``float8_e4m3fn`` / ``float8_e5m2``
+with a scale ``amax / finfo.max``, either one per tensor or one per row (per output channel of
+the weight, per token of the input: "rowwise", as in FP8 LLM serving). ``_scaled_mm`` multiplies
+the float8 operands, applies both scales and the bias, and returns the input's dtype.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.nn import functional as F
+
+from hooks.gemm import Gemm
 
 FP8_DTYPES = {"fp8-e4m3": torch.float8_e4m3fn, "fp8-e5m2": torch.float8_e5m2}
+SCALINGS = ("tensor", "row")
 
 
-def quantize_dequantize(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Round ``x`` through ``dtype`` with a per-tensor scale ``amax / finfo.max`` (stays on device)."""
+def quantize(x: torch.Tensor, dtype: torch.dtype, rowwise: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(q, scale)`` with ``x ~= q.float() * scale``: ``scale`` is ``[]`` per tensor or ``[rows, 1]``
+    per row, ``amax / finfo(dtype).max`` (1 where the amax is 0)."""
     fmax = torch.finfo(dtype).max
-    amax = x.detach().abs().amax().float()
+    xf = x.detach().float()
+    amax = xf.abs().amax(dim=-1, keepdim=True) if rowwise else xf.abs().amax()
     scale = torch.where(amax > 0, amax / fmax, torch.ones_like(amax))
-    q = (x.float() / scale).clamp(-fmax, fmax).to(dtype)
+    return (xf / scale).clamp(-fmax, fmax).to(dtype), scale
+
+
+def quantize_dequantize(x: torch.Tensor, dtype: torch.dtype, rowwise: bool = False) -> torch.Tensor:
+    """``x`` rounded through ``dtype`` (:func:`quantize`, then back to ``x``'s dtype; stays on device)."""
+    q, scale = quantize(x, dtype, rowwise)
     return (q.float() * scale).to(x.dtype)
 
 
-class FP8Linear(nn.Linear):
-    """``nn.Linear`` whose weight (once) and input (every call) go through FP8."""
+class FP8Linear(nn.Module):
+    """A GEMM-like module run as ``torch._scaled_mm`` on float8 weight and input."""
 
-    fp8_dtype: torch.dtype = torch.float8_e4m3fn
+    opband_quantized = True
 
-    @classmethod
-    def from_linear(cls, linear: nn.Linear, dtype: torch.dtype) -> FP8Linear:
-        new = cls.__new__(cls)
-        new.__dict__.update(linear.__dict__)  # same parameters, buffers, hooks and flags
-        new.fp8_dtype = dtype
-        with torch.no_grad():
-            new.register_buffer("weight_fp8", quantize_dequantize(linear.weight, dtype), persistent=False)
-        return new
+    def __init__(self, gemm: Gemm, dtype: torch.dtype, scaling: str = "tensor") -> None:
+        super().__init__()
+        if scaling not in SCALINGS:
+            raise ValueError(f"scaling must be one of {SCALINGS}, not {scaling!r}")
+        self.fp8_dtype, self.rowwise = dtype, scaling == "row"
+        self.out_features, self.in_features = gemm.weight.shape
+        q, scale = quantize(gemm.weight, dtype, self.rowwise)
+        self.register_buffer("weight_fp8", q)
+        self.register_buffer("weight_scale", scale.t() if self.rowwise else scale)  # [1, out] per row
+        self.register_buffer("bias", None if gemm.bias is None else gemm.bias.detach().clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(quantize_dequantize(x, self.fp8_dtype), self.weight_fp8, self.bias)
-
-
-def convert(model: nn.Module, dtype: torch.dtype) -> nn.Module:
-    """Replace every ``nn.Linear`` in ``model`` (in place) with an :class:`FP8Linear`; returns it."""
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear:
-                setattr(parent, name, FP8Linear.from_linear(child, dtype))
-    if type(model) is nn.Linear:
-        return FP8Linear.from_linear(model, dtype)
-    return model
+        shape = x.shape
+        q, scale = quantize(x.reshape(-1, shape[-1]), self.fp8_dtype, self.rowwise)
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        out = torch._scaled_mm(q, self.weight_fp8.t(), scale_a=scale, scale_b=self.weight_scale, bias=bias,
+                               out_dtype=x.dtype)
+        return out.reshape(*shape[:-1], self.out_features)

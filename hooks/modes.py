@@ -10,6 +10,7 @@ from torch.overrides import TorchFunctionMode, resolve_name
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from hooks.distributed import landed
 from hooks.opcall import NotReplayable, encode_call, layouts_of, op_target
 from hooks.recorder import Recorder
 from hooks.tensors import NO_NUMBER_OPS
@@ -56,7 +57,7 @@ class AtenMode(TorchDispatchMode):
             plan = None
         out = func(*args, **kwargs)
         if plan is not None:
-            rec.record("aten", *plan[:4], out, *plan[4:])
+            rec.record("aten", *plan[:4], landed(out) if func.namespace == "c10d" else out, *plan[4:])
         return out
 
     def _plan(self, func: Any, args: tuple, kwargs: dict) -> tuple[Any, ...] | None:
@@ -98,8 +99,8 @@ class AtenMode(TorchDispatchMode):
     def _classify(self, func: Any) -> tuple[str, bool]:
         name = str(func.overloadpacket)
         skip = self.recorder.opts.skip_no_number_ops and (name in NO_NUMBER_OPS or bool(getattr(func, "is_view", False)))
-        if func.namespace in COLLECTIVE_NAMESPACES and not name.endswith("wait_tensor"):
-            skip = True  # its result lands asynchronously, after the op returns: recorded by the enclosing module
+        if func.namespace in COLLECTIVE_NAMESPACES and func.namespace != "c10d" and not name.endswith("wait_tensor"):
+            skip = True  # functional collectives: the result is recorded at its wait_tensor, once it has landed
         self._names[func] = (name, skip)
         return name, skip
 

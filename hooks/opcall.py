@@ -62,6 +62,21 @@ def layouts_of(tensors: Sequence[torch.Tensor]) -> dict[str, Any]:
     return {"strides": strides} if any(s is not None for s in strides) else {}
 
 
+def layout_of(t: torch.Tensor) -> tuple[list[int] | None, str | None]:
+    """``(strides, memory format)`` of a non-contiguous strided tensor, ``(None, None)`` otherwise."""
+    try:
+        if t.layout != torch.strided or t.is_contiguous():
+            return None, None
+        strides = list(t.stride())
+        if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last):
+            return strides, "channels_last"
+        if t.dim() == 5 and t.is_contiguous(memory_format=torch.channels_last_3d):
+            return strides, "channels_last_3d"
+    except (RuntimeError, NotImplementedError):  # tensors without strides
+        return None, None
+    return strides, "strided"
+
+
 def overlaps(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
     """Whether two index tuples of this strided layout can reach one memory slot."""
     reach = 0  # the largest offset the dimensions so far can add

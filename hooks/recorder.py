@@ -20,8 +20,10 @@ import pydantic
 import torch
 
 from accuracy.bundle import BundleWriter
+from accuracy import fused
 from accuracy.manifest import Diagnostic, Fingerprints, Manifest, Record, Stats
-from hooks import cstats, devices
+from hooks import devices
+from hooks.opcall import layout_of
 from hooks.tensors import (
     StatsBatch,
     StorageMap,
@@ -81,7 +83,7 @@ class Recorder:
         self.show_progress = sys.stderr.isatty() if opts.progress is None else opts.progress
         self._module_globs = list(opts.modules or [])
         self._op_globs = list(opts.ops or [])
-        cstats.load()  # build/load the statistics kernel now, not inside the first op
+        fused.warm_up()  # compile (or load from numba's cache) the statistics kernels now, not in the first op
 
     # -- keys and filters -------------------------------------------------------------------
     @property
@@ -159,11 +161,12 @@ class Recorder:
         slot = self.stats.add(payload.values, None if mutated else t)
         name = (self._store(rec_id, t, payload, reuse=not mutated, share=self._share_views and not mutated, slot=slot)
                 if self.opts.mode == "full" else None)
+        strides, memory_format = layout_of(t)
         self.records.append({  # a Record's fields; validated once, in finish()
             "key": key, "output": out_i, "module": module, "op": op, "ordinal": ordinal, "kind": kind,
             "index": len(self.records), "input_shapes": shapes, "input_dtypes": dtypes, "shape": payload.shape,
             "dtype": payload.dtype, "tensor": name, "input_tensors": input_names, "stats": None,
-            "qparams": payload.extra, "step": self.step,
+            "qparams": payload.extra, "step": self.step, "strides": strides, "memory_format": memory_format,
         })
         self.stats_of.append(slot)
 
@@ -202,7 +205,7 @@ class Recorder:
         if version is not None and reuse:  # a written-to output's version is bumped after the op (or never)
             self.stored[id(t)] = (weakref.ref(t), version, rec_id)
         if where is not None:
-            self.by_storage[where] = (self.stats.epoch, rec_id, slot)
+            self.by_storage.put(where, (self.stats.epoch, rec_id, slot), data)
         if self.pending_bytes >= self.opts.buffer_bytes:
             self.flush()
         return rec_id

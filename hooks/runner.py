@@ -11,8 +11,8 @@ import torch
 from accuracy.manifest import RunNames
 from hooks import devices
 from hooks.capture import capture
-from hooks.spec import UserCodeError, load_spec
-from hooks.variants import apply_variant
+from hooks.spec import UserCodeError, load_training_spec
+from hooks.variants import QUANTIZED, apply_variant
 
 
 def check_device(device: str) -> None:
@@ -62,6 +62,11 @@ def run_capture(
     replay: str | os.PathLike[str] | None = None,
     golden: bool = False,
     names: RunNames | None = None,
+    allow_partial: bool = False,
+    compile: bool = False,  # noqa: A002 - the name users know from torch.compile
+    train_steps: int | None = None,
+    optimizer: str = "sgd",
+    lr: float = 1e-3,
     **options: Any,
 ) -> Path:
     """Capture one forward pass of the SPEC's model and return the bundle path.
@@ -70,9 +75,15 @@ def run_capture(
     ``inputs=True``) is re-run alone on ``device``/``variant`` (``golden``: float64 on CPU).
     ``names`` (label, target name, tags) go into the manifest's ``run``. When the SPEC's function
     or the forward pass raises, no bundle is written and :class:`UserCodeError` says where.
+    ``allow_partial``: capture a quantizing variant even when it leaves most GEMM-like modules alone.
+    ``compile``: run each block through ``torch.compile`` (:func:`hooks.compiled.compile_blocks`);
+    it is compiled by one forward before the captured one.
+    ``backward=True`` (with ``train_steps``, default 1): run training steps instead of one forward
+    (:func:`hooks.training.train_steps`; the SPEC may return a loss function as a third item).
     """
     named = names.model_dump(exclude_defaults=True) if names is not None else {}
-    device = device or ("cpu" if variant == "int8" else devices.default_device())
+    cpu_only = variant in QUANTIZED and QUANTIZED[variant][1]  # torch's int8/int4 kernels are CPU ones
+    device = device or ("cpu" if cpu_only else devices.default_device())
     if not (replay is not None and golden):  # a golden replay runs on the CPU whatever ``device`` says
         check_device(device)
     if replay is not None:
@@ -80,17 +91,38 @@ def run_capture(
 
         return replay_ops(replay, spec, out, device=device, variant=variant, golden=golden, mode=mode, run=named)
     torch.manual_seed(seed)
-    model, inputs = load_spec(spec)
-    model, inputs, notes = apply_variant(model.eval(), inputs, variant, device)
+    model, inputs, loss_fn = load_training_spec(spec)
+    model, inputs, notes = apply_variant(model.eval(), inputs, variant, device, allow_partial)
+    if compile:
+        from hooks.compiled import compile_blocks
+
+        model, notes["compile"] = compile_blocks(model)
+        with torch.no_grad():
+            try:
+                model(**inputs) if isinstance(inputs, dict) else model(*inputs)
+            except Exception as e:
+                raise UserCodeError("the compiled model's first (compiling) forward pass", e) from e
     run = {"spec": spec, "device": device, "seed": seed, **notes, **named}
-    with torch.no_grad(), capture(model, out, level=level, mode=mode, run=run, **options) as cap:
-        try:
-            if isinstance(inputs, dict):
-                model(**inputs)
-            else:
-                model(*inputs)
-        except Exception as e:
-            cap.abort()  # a half-run is no capture: leave no bundle to upload by mistake
-            raise UserCodeError("the model's forward pass", e) from e
+    if options.get("backward"):
+        from hooks.training import train_steps as run_steps
+
+        with capture(model, out, level=level, mode=mode, run=run, **options) as cap:
+            try:
+                run.update(run_steps(model, inputs, cap, loss_fn, train_steps or 1, optimizer, lr))
+            except Exception as e:
+                cap.abort()  # a half-run is no capture: leave no bundle to upload by mistake
+                raise UserCodeError("the training step", e) from e
+    else:
+        if train_steps is not None:
+            raise ValueError("train_steps needs backward=True (--backward)")
+        with torch.no_grad(), capture(model, out, level=level, mode=mode, run=run, **options) as cap:
+            try:
+                if isinstance(inputs, dict):
+                    model(**inputs)
+                else:
+                    model(*inputs)
+            except Exception as e:
+                cap.abort()  # a half-run is no capture: leave no bundle to upload by mistake
+                raise UserCodeError("the model's forward pass", e) from e
     assert cap.bundle_path is not None
     return cap.bundle_path

@@ -61,17 +61,28 @@ def _short(filename: str) -> str:
 
 def load_spec(spec: str) -> tuple[Any, Any]:
     """Call the SPEC's function and return ``(model, example_inputs)``."""
+    model, inputs, _ = load_training_spec(spec)
+    return model, inputs
+
+
+def load_training_spec(spec: str) -> tuple[Any, Any, Callable[[Any], Any] | None]:
+    """``(model, example_inputs, loss_fn or None)``: a SPEC may return a third item, a function
+    from the model's output to a scalar loss (for ``--backward``)."""
     fn = _resolve(spec)
     try:
         result = fn()
     except Exception as e:
         raise UserCodeError(f"{spec}", e) from e
-    if not (isinstance(result, tuple) and len(result) == 2):
-        raise SpecError(f"{spec} must return (model, example_inputs), got {type(result).__name__}")
-    model, inputs = result
+    if not (isinstance(result, tuple) and len(result) in (2, 3)):
+        raise SpecError(f"{spec} must return (model, example_inputs) or (model, example_inputs, loss_fn), "
+                        f"got {type(result).__name__}")
+    model, inputs, *rest = result
+    loss_fn = rest[0] if rest else None
+    if loss_fn is not None and not callable(loss_fn):
+        raise SpecError(f"{spec}: the third item must be a loss function (output -> scalar tensor)")
     if not isinstance(inputs, (tuple, dict)):
         inputs = (inputs,)
-    return model, inputs
+    return model, inputs, loss_fn
 
 
 def _resolve(spec: str) -> Callable[[], Any]:

@@ -11,10 +11,10 @@ import math
 import weakref
 from typing import Any
 
+import numpy as np
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
 
-from hooks import cstats
+from accuracy import fused
 
 #: Ops that move no numbers: views, reshapes, aliasing, metadata. Skipped and counted by default.
 NO_NUMBER_OPS = frozenset({
@@ -74,7 +74,7 @@ def unsupported_reason(t: torch.Tensor) -> str | None:
         return "nested tensors are not captured"
     if t.layout != torch.strided:
         return f"layout {t.layout} is not captured"
-    if t.device.type == "meta":
+    if t.is_meta:
         return "meta tensors have no values"
     if type(t) not in (torch.Tensor, torch.nn.Parameter) and not isinstance(t, torch.nn.parameter.Buffer):
         return f"tensor subclass {type(t).__name__} is not captured"
@@ -89,27 +89,48 @@ def storage_key(data: torch.Tensor) -> tuple[Any, ...] | None:
     """Where a contiguous non-empty tensor's bytes live: (storage identity, offset, numel, dtype).
 
     Two tensors with equal keys hold the same elements in the same order, whatever their shapes.
-    ``StorageWeakRef`` compares storages by identity and, while held, keeps a freed storage's
-    identity from being reused: a match is the very same memory, never a recycled address."""
-    if data.numel() == 0 or not data.is_contiguous() or data.device.type == "meta":
+    The identity is the address of the storage's ``StorageImpl``; a :class:`StorageMap` entry holds
+    a weak reference to it, which keeps a freed storage's address from being reused while the
+    entry lives: a match is the very same memory, never a recycled address. (Plain integers hash
+    and compare in C; ``StorageWeakRef`` keys cost ~1 us per op in Python ``__init__``/``__eq__``.)"""
+    if data.numel() == 0 or not data.is_contiguous() or data.is_meta:
         return None
-    return StorageWeakRef(data.untyped_storage()), data.storage_offset(), data.numel(), data.dtype
+    return data.untyped_storage()._cdata, data.storage_offset(), data.numel(), data.dtype
+
+
+class _Pin:
+    """A weak reference to a storage (what ``StorageWeakRef`` holds): while it lives, the storage's
+    ``StorageImpl`` memory, and so its address, is not reused."""
+
+    __slots__ = ("cdata",)
+
+    def __init__(self, storage: torch.UntypedStorage) -> None:
+        self.cdata = storage._weak_ref()
+
+    def expired(self) -> bool:
+        return bool(torch.UntypedStorage._expired(self.cdata))
+
+    def __del__(self) -> None:
+        torch.UntypedStorage._free_weak_ref(self.cdata)
 
 
 class StorageMap:
     """A dict keyed by :func:`storage_key`; entries of freed storages go once it has doubled."""
 
     def __init__(self) -> None:
-        self._d: dict[tuple[Any, ...], Any] = {}
+        self._d: dict[tuple[Any, ...], tuple[_Pin, Any]] = {}
         self._limit = 1024
 
     def get(self, key: tuple[Any, ...]) -> Any:
-        return self._d.get(key)
+        hit = self._d.get(key)
+        return hit[1] if hit is not None else None
 
-    def __setitem__(self, key: tuple[Any, ...], value: Any) -> None:
-        self._d[key] = value
+    def put(self, key: tuple[Any, ...], value: Any, data: torch.Tensor) -> None:
+        """``key`` must be ``storage_key(data)``: the entry pins ``data``'s storage identity."""
+        old = self._d.get(key)
+        self._d[key] = (old[0] if old is not None else _Pin(data.untyped_storage()), value)
         if len(self._d) > self._limit:
-            self._d = {k: v for k, v in self._d.items() if not k[0].expired()}
+            self._d = {k: v for k, v in self._d.items() if not v[0].expired()}
             self._limit = max(1024, 2 * len(self._d))
 
     def __len__(self) -> int:
@@ -133,7 +154,8 @@ class Payload:
 
 def stored_payload(t: torch.Tensor) -> Payload:
     """Encode ``t`` (already checked by :func:`unsupported_reason`) for the bundle."""
-    t = t.detach()
+    if t.requires_grad:
+        t = t.detach()
     if t.is_quantized:
         qparams: dict[str, Any] = {"qscheme": str(t.qscheme()).removeprefix("torch."), "dtype": tensor_dtype_name(t)}
         if t.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric):
@@ -190,11 +212,11 @@ class StatsBatch:
                 prior = self._seen.get(seen[0]) if seen is not None else None
                 if seen is not None and prior is not None and prior[0]() is not None and prior[1] == seen[2]:
                     return prior[2]
-        row = host_stats(values) if values.device.type == "cpu" else device_stats(values)
+        row = host_stats(values) if values.is_cpu else device_stats(values)
         self._rows.append(row)
         slot = len(self._rows) - 1
         if where is not None:
-            self._at[where] = (self.epoch, slot)
+            self._at.put(where, (self.epoch, slot), t)
         elif seen is not None:
             self._seen[seen[0]] = (weakref.ref(seen[1]), seen[2], slot)
         return slot
@@ -258,61 +280,49 @@ def _sample_index(n: int, device: torch.device) -> torch.Tensor:
 
 
 def host_stats(values: torch.Tensor) -> list[float]:
-    """Statistics of a CPU tensor as a host list, in as few passes over memory as possible.
+    """Statistics of a CPU tensor as a host list, in one pass over its memory.
 
-    With the fused kernel (:mod:`hooks.cstats`): one pass for min, max, sum, sum of squares, the
-    zero count and the non-finite count (a second, masked one when a value is NaN or Inf: then the
-    statistics are over the finite values, as in :func:`device_stats`). Without it: ``amin`` and
-    ``amax`` (NaN propagates, so a non-finite value shows in them), ``sum`` and the sum of squares
-    (float64 accumulation) and, when 0 lies in [min, max], a zero count on the integer view of the bits (a fast ``count_nonzero``; ``-0.0``
-    found by ``amin`` of the same view), and :func:`device_stats` when a value is non-finite.
-    ``absmax`` is ``max(-min, max)``, std comes from the two sums (a centred second pass when the
-    mean is so large against the spread that ``E[x^2] - E[x]^2`` would cancel); no float64 copy
-    of a float tensor is made. CPU values are already on the host, so these branches cost no
-    device sync.
+    :mod:`accuracy.fused`'s statistics kernel (numba; the same module as the metric suite) reads
+    float32/float64 values and BF16/F16 words where they lie, by address, without a copy (also a
+    dense permuted tensor, in storage order); min, max, sum, sum of squares, the zero count and the
+    non-finite counts come from that one pass (a block holding NaN/Inf is redone masked: the
+    statistics are then over the finite values, as in :func:`device_stats`). Integer tensors are
+    converted to float64 first, other non-contiguous ones copied. ``absmax`` is ``max(-min, max)``;
+    std comes from the two sums, with a centred second pass when the mean is so large against the
+    spread that ``E[x^2] - E[x]^2`` would cancel. CPU values are already on the host: no device sync.
     """
     if values.dtype == torch.bool:
         return _bool_stats(values)
     x = values
-    if x.dtype not in (torch.float32, torch.float64):
-        x = x.reshape(-1).to(torch.float64 if not x.is_floating_point() else torch.float32)
+    name = _KERNEL_DTYPES.get(x.dtype)
+    if name is None:
+        x, name = x.reshape(-1).to(torch.float64), "float64"
     n = x.numel()
+    if n == 0:
+        return [0.0, math.inf, -math.inf, 0.0, 0.0, 0.0, -math.inf, 0.0, 0.0, 0.0, *([0.0] * SAMPLE_SIZE)]
     idx = _sample_index(n, x.device)
-    k = idx.numel()
-    row = None
-    if x.is_contiguous():
-        x = x.reshape(-1)
-        row = cstats.fused(x, idx)
-    elif cstats.load() is not None and (where := _dense_offsets(x)) is not None:
-        row = cstats.fused(x, where)  # a permuted dense tensor: its memory in storage order, in one pass
-    if row is None:
-        x = x.reshape(-1)
-        if not x.is_contiguous():
+    if not x.is_contiguous():
+        where = _dense_offsets(x)
+        if where is None:
             x = x.contiguous()
-        row = cstats.fused(x, idx)
-    nan = inf = 0.0
-    if row is not None:
-        lo_f, hi_f, s_f, ss_f, nan, inf, zeros, count = row[: cstats.N_HEAD]
-        sample = row[cstats.N_HEAD:]
+        else:  # a permuted dense tensor: its memory in storage order (from the data pointer), in one pass
+            idx = where
+    out = np.empty(_ROW_LEN)
+    if n < fused.PARALLEL_MIN or torch.get_num_threads() == 1:  # the values where they lie, by address
+        fused.ROW_AT[name](x.data_ptr(), n, idx.data_ptr(), idx.numel(), fused.CANCEL[name], out)
     else:
-        lo, hi = torch.amin(x), torch.amax(x)
-        # one read-back; sums in float64 (torch's cascade sum: ~1e-8 relative at 4M elements, where
-        # MKL's float32 ``dot`` is off by ~2e-5)
-        f64 = torch.float64
-        lo_f, hi_f, s_f, ss_f = torch.stack([lo.to(f64), hi.to(f64), x.sum(dtype=f64), x.square().sum(dtype=f64)]).tolist()
-        if not (abs(lo_f) < math.inf and abs(hi_f) < math.inf):
-            return device_stats(values).tolist()
-        zeros = _count_zeros(x) if lo_f <= 0.0 <= hi_f else 0
-        count = n
-        sample = x.index_select(0, idx).tolist()
-    c = max(count, 1)
-    mean = s_f / c
-    var = max(ss_f / c - mean * mean, 0.0)
-    if var <= _CANCEL[x.dtype] * mean * mean and count:  # cancellation: measure the spread directly
-        d = (x - mean if count == n else torch.where(torch.isfinite(x), x - mean, 0.0)).reshape(-1)
-        var = float(d.square().sum(dtype=torch.float64)) / c
-    return [float(n), lo_f, hi_f, mean, math.sqrt(var), math.sqrt(ss_f), max(-lo_f, hi_f), nan, inf, float(zeros),
-            *sample, *([0.0] * (SAMPLE_SIZE - k))]
+        flat = x.detach().as_strided((n,), (1,))
+        arr = (flat.view(torch.int16) if name in ("bfloat16", "float16") else flat).numpy()
+        if name == "bfloat16":
+            arr = arr.view(np.uint16)
+        out = fused.stats_row(arr, idx.numpy(), name, _ROW_LEN, torch.get_num_threads())
+    return out.tolist()
+
+
+#: dtypes the statistics kernel reads in place
+_KERNEL_DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16",
+                  torch.float16: "float16"}
+_ROW_LEN = len(STAT_FIELDS) + SAMPLE_SIZE
 
 
 def _bool_stats(values: torch.Tensor) -> list[float]:
@@ -358,24 +368,6 @@ def _dense_offsets(x: torch.Tensor) -> torch.Tensor | None:
     return where
 
 
-_INT_VIEW = {torch.float32: torch.int32, torch.float64: torch.int64}
-
-
-def _count_zeros(x: torch.Tensor) -> int:
-    """Elements equal to zero (+0.0 or -0.0; NaN is not) of a contiguous finite float tensor.
-
-    ``count_nonzero`` of the bits as integers is ~2.5x faster than on floats; it sees ``+0.0`` only.
-    ``-0.0`` is the most negative integer of that view, so its ``amin`` says whether any exist.
-    """
-    bits = x.view(_INT_VIEW[x.dtype])
-    zeros = x.numel() - int(torch.count_nonzero(bits))
-    if int(bits.amin()) == torch.iinfo(bits.dtype).min:
-        zeros += int((bits == torch.iinfo(bits.dtype).min).sum())
-    return zeros
-
-
-#: ``var <= k * mean^2`` means the one-pass variance has lost most of its digits (k ~ 1e4 ulp).
-_CANCEL = {torch.float32: 1e4 * 2.0**-23, torch.float64: 1e4 * 2.0**-52}
 
 
 def device_stats(values: torch.Tensor) -> torch.Tensor:

@@ -1,21 +1,43 @@
-"""Target variants: the same model code run in another precision or with real INT8 kernels.
+"""Target variants: the same model code run in another precision or with real quantized kernels.
 
-Module paths stay those of the fp32 model (a quantized or FP8 Linear replaces Linear at the same
-path). FP8 is emulated (quantize-dequantize around an fp32 matmul), which the run notes say.
+Casts (``fp16``, ``bf16``) convert the model and its floating inputs. Quantizing variants replace
+every GEMM-like module (:mod:`hooks.gemm`: ``nn.Linear``, ``transformers`` ``Conv1D`` ...) at
+the same module path with a module calling torch's real kernels (:mod:`hooks.quantize`,
+:mod:`hooks.fp8`), and say in the run notes (``variant_coverage``) which modules they replaced
+and which they left alone and why. A variant that replaces nothing, or fewer than half of the
+GEMM-like modules, is refused unless ``allow_partial``.
 """
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
 from torch import nn
 
-from hooks import fp8
+from hooks import fp8, gemm, quantize
 
-VARIANTS = ("fp32", "fp16", "bf16", "int8", "fp8-e4m3", "fp8-e5m2")
 _CASTS = {"fp16": torch.float16, "bf16": torch.bfloat16}
+_FP8 = {f"{name}{suffix}": (dtype, scaling) for name, dtype in fp8.FP8_DTYPES.items()
+        for suffix, scaling in (("", "tensor"), ("-rowwise", "row"))}
+#: Quantizing variants: (activation dtype the model is cast to or None, cpu only, description)
+QUANTIZED: dict[str, tuple[torch.dtype | None, bool, str]] = {
+    "int8": (None, True, "dynamic int8: per-token int8 activations, per-channel int8 weights "
+                         "(torch.ao dynamic Linear, quantized::linear_dynamic)"),
+    "w8a16": (torch.bfloat16, True, "weight-only int8 (symmetric, per output channel), bf16 activations "
+                                    "(aten._weight_int8pack_mm)"),
+    "w4a16": (torch.bfloat16, True, "weight-only int4 (asymmetric, groups of 128/64/32 inputs with a scale "
+                                    "and zero each), bf16 activations (aten._weight_int4pack_mm_for_cpu)"),
+    **{v: (None, False, f"{v.split('-rowwise')[0]}: weights and inputs cast to {dt} with "
+                        f"{'per-row (per output channel / per token)' if sc == 'row' else 'per-tensor'} "
+                        "amax scales, torch._scaled_mm")
+       for v, (dt, sc) in _FP8.items()},
+}
+VARIANTS = ("fp32", "fp16", "bf16", *QUANTIZED)
+
+
+class VariantCoverageError(ValueError):
+    """A quantizing variant would leave the model (mostly) unquantized; the message says what it found."""
 
 
 def _cast_inputs(inputs: Any, dtype: torch.dtype | None, device: str) -> Any:
@@ -60,33 +82,74 @@ def _run_replaced_linears(model: nn.Module, notes: dict[str, Any]) -> None:
                                  "run as the variant replaced them (torch's fused path would read the weights)")
 
 
-def apply_variant(model: nn.Module, inputs: Any, variant: str, device: str) -> tuple[nn.Module, Any, dict[str, Any]]:
+def _replacement(variant: str, g: gemm.Gemm) -> torch.nn.Module:
+    if variant == "int8":
+        return quantize.int8_dynamic(g)
+    if variant == "w8a16":
+        return quantize.W8A16Linear(g)
+    if variant == "w4a16":
+        return quantize.W4A16Linear(g)
+    dtype, scaling = _FP8[variant]
+    return fp8.FP8Linear(g, dtype, scaling)
+
+
+def quantize_gemms(model: nn.Module, variant: str, device: str,
+                   allow_partial: bool = False) -> tuple[nn.Module, dict[str, Any]]:
+    """Replace every GEMM-like module :mod:`hooks.gemm` finds with ``variant``'s quantized module;
+    returns the model and its coverage (:func:`hooks.gemm.coverage`). A module the kernel refuses
+    (checked by one small forward) is left alone with the kernel's reason.
+
+    Raises :class:`VariantCoverageError` when nothing, or fewer than half of the GEMM-like modules,
+    would be replaced, unless ``allow_partial``."""
+    act = QUANTIZED[variant][0]
+    found, left = gemm.find_gemms(model)
+    done: list[gemm.Gemm] = []
+    new_model = model
+    for g in found:
+        try:
+            with torch.no_grad():
+                q = _replacement(variant, g).to(device)
+                q(torch.zeros(1, g.weight.shape[1], dtype=act or g.weight.dtype, device=device))
+        except Exception as e:  # noqa: BLE001 - a kernel's refusal becomes the module's reason
+            left.append(gemm.LeftAlone(g.name, g.kind, f"{variant} kernel refused it: {type(e).__name__}: "
+                                                       f"{str(e).splitlines()[0][:200]}"))
+            continue
+        new_model = gemm.set_module(new_model, g.name, q)
+        done.append(g)
+    cov = gemm.coverage(variant, done, left)
+    if not allow_partial and (not done or 2 * len(done) < cov["gemm_modules"]):
+        what = "changes nothing" if not done else "leaves most GEMM-like modules untouched"
+        raise VariantCoverageError(
+            f"--variant {variant} {what}: " + "\n".join(gemm.describe(cov, limit=12))
+            + "\nA comparison would judge mostly unquantized numerics. Pass --allow-partial "
+              "(allow_partial=True) to capture anyway")
+    return new_model, cov
+
+
+def apply_variant(model: nn.Module, inputs: Any, variant: str, device: str,
+                  allow_partial: bool = False) -> tuple[nn.Module, Any, dict[str, Any]]:
     """Return (model, inputs, notes) for ``variant`` on ``device``; notes go into the manifest.
 
-    Like ``Module.to``, this may change ``model`` in place (casts, FP8 Linears); int8 returns a
-    quantized copy."""
+    Like ``Module.to``, this may change ``model`` in place (casts, replaced GEMM modules).
+    Quantizing variants record ``notes["variant_coverage"]`` (see :func:`quantize_gemms`)."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, not {variant!r}")
     notes: dict[str, Any] = {"variant": variant}
-    if variant == "int8":
-        if torch.device(device).type != "cpu":
-            raise ValueError("int8 uses torch's dynamic quantization kernels, which run on cpu only: pass --device cpu")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            from torch.ao.quantization import quantize_dynamic
-
-            model = quantize_dynamic(model.to("cpu"), {nn.Linear}, dtype=torch.qint8)
-        notes.update(quantization="dynamic int8 (torch.ao quantize_dynamic of nn.Linear)",
-                     quantized_engine=torch.backends.quantized.engine)
+    if variant in QUANTIZED:
+        act, cpu_only, description = QUANTIZED[variant]
+        if cpu_only and torch.device(device).type != "cpu":
+            raise ValueError(f"{variant} uses torch's CPU kernels ({description}): pass --device cpu")
+        model, cov = quantize_gemms(model.to(device), variant, device, allow_partial)
+        if act is not None:
+            model = model.to(act)
+        notes.update(quantization=description, variant_coverage=cov)
+        if variant == "int8":
+            notes["quantized_engine"] = torch.backends.quantized.engine
         _run_replaced_linears(model, notes)
-        return model, _cast_inputs(inputs, None, "cpu"), notes
-    if variant in fp8.FP8_DTYPES:
-        model = fp8.convert(model.to(device), fp8.FP8_DTYPES[variant])
-        notes.update(quantization=f"emulated {variant}: nn.Linear weights and inputs quantized to "
-                     f"{fp8.FP8_DTYPES[variant]} with per-tensor amax scales, dequantized, fp32 matmul "
-                     "(no FP8 kernels)", emulated=True)
-        _run_replaced_linears(model, notes)
-        return model, _cast_inputs(inputs, None, device), notes
+        return model, _cast_inputs(inputs, act, device), notes
+    brought = [x for x in gemm.find_gemms(model)[1] if x.reason.startswith("already quantized")]
+    if brought:  # a model quantized by another tool (torch.ao QAT, torchao): say so
+        notes["quantized_by_model"] = {"modules": len(brought), "types": sorted({x.kind for x in brought})}
     dtype = _CASTS.get(variant)
     model = model.to(device=device, dtype=dtype) if dtype else model.to(device)
     return model, _cast_inputs(inputs, dtype, device), notes

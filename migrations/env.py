@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from alembic import context
+from sqlalchemy import Connection
 
 from api.store.db import make_engine
 from api.store.models import Base
@@ -23,18 +24,36 @@ def run_migrations_offline() -> None:
         context.run_migrations()
 
 
+def _migrate(connection: Connection) -> None:
+    """Run the migrations. On SQLite, foreign keys are off meanwhile: a batch migration rebuilds a table
+    (copy, drop, rename), and with them on, dropping ``series`` would cascade into ``regressions`` and
+    null ``op_results.series_id``. Afterwards every reference is checked, so a migration cannot leave
+    a dangling one behind."""
+    sqlite = connection.dialect.name == "sqlite"
+    if sqlite:
+        connection.exec_driver_sql("PRAGMA foreign_keys=OFF")  # outside any transaction, or it is ignored
+    context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=True)
+    with context.begin_transaction():
+        context.run_migrations()
+    if sqlite:
+        broken = connection.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
+        if broken:
+            connection.rollback()
+            raise RuntimeError(f"the migration would leave {len(broken)} broken references, e.g. {broken[:3]}; "
+                               "nothing was changed")
+        connection.commit()
+        connection.exec_driver_sql("PRAGMA foreign_keys=ON")
+
+
 def run_migrations_online() -> None:
     connectable = config.attributes.get("connection")
     if connectable is not None:
-        context.configure(connection=connectable, target_metadata=target_metadata, render_as_batch=True)
-        with context.begin_transaction():
-            context.run_migrations()
+        _migrate(connectable)
         return
     engine = make_engine(_url())
     with engine.connect() as connection:
-        context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=True)
-        with context.begin_transaction():
-            context.run_migrations()
+        _migrate(connection)
+        connection.commit()
     engine.dispose()
 
 

@@ -33,8 +33,12 @@ class Variant(str, Enum):
     fp16 = "fp16"
     bf16 = "bf16"
     int8 = "int8"
+    w8a16 = "w8a16"
+    w4a16 = "w4a16"
     fp8_e4m3 = "fp8-e4m3"
     fp8_e5m2 = "fp8-e5m2"
+    fp8_e4m3_rowwise = "fp8-e4m3-rowwise"
+    fp8_e5m2_rowwise = "fp8-e5m2-rowwise"
 
 
 class Mode(str, Enum):
@@ -102,6 +106,12 @@ def capture(
     label: Label = None,
     target: TargetName = None,
     tags: Tags = None,
+    allow_partial: Annotated[bool, typer.Option("--allow-partial", metavar="", help="capture a quantizing variant even if it replaces under half of the GEMM-like modules")] = False,
+    compile_: Annotated[bool, typer.Option("--compile", metavar="", help="torch.compile each block (decoder layer): block outputs stay observable and pair with an eager reference")] = False,
+    backward: Annotated[bool, typer.Option("--backward", metavar="", help="run training steps (loss from the SPEC's loss_fn or the model's .loss) and record gradients and parameter updates")] = False,
+    train_steps: Annotated[Optional[int], typer.Option(min=1, help="with --backward: training steps to run (default 1)")] = None,
+    optimizer: Annotated[str, typer.Option(help="with --backward: sgd or adamw")] = "sgd",
+    lr: Annotated[float, typer.Option(help="with --backward: learning rate")] = 1e-3,
 ) -> None:
     """Run the SPEC's model once under capture and write a bundle (or --replay a reference's ops)."""
     from hooks.runner import run_capture
@@ -115,7 +125,9 @@ def capture(
     try:
         path = run_capture(spec, out, device=device, variant=variant.value, level=level.value, mode=mode.value,
                            seed=seed, modules=modules, ops=ops, max_bytes=max_bytes, replay=replay, golden=golden,
-                           names=names, **({"inputs": True} if inputs else {}))
+                           names=names, allow_partial=allow_partial, compile=compile_, train_steps=train_steps,
+                           optimizer=optimizer, lr=lr, **({"inputs": True} if inputs else {}),
+                           **({"backward": True} if backward else {}))
     except UserCodeError as e:
         _fail(f"{e}\nno bundle written: fix the code above and run `opband capture` again")
     except OpbandError as e:
@@ -126,15 +138,21 @@ def capture(
         _fail(f"cannot write {out}: {e.strerror or e}; check that its folder is writable")
     from accuracy.bundle import Bundle
 
+    from hooks.gemm import describe
+
     b = Bundle.open(path)
+    if "variant_coverage" in b.manifest.run:
+        typer.echo("\n".join(describe(b.manifest.run["variant_coverage"])))
     typer.echo(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, {len(b.records)} records, "
                f"{sum(b.manifest.skipped_ops.values())} no-number ops skipped, {len(b.manifest.diagnostics)} diagnostics)")
 
 
 @app.command()
 def compare(
-    reference: Annotated[Path, typer.Argument(help="reference bundle (e.g. the GPU fp32 run)")],
-    target: Annotated[Path, typer.Argument(help="target bundle (NPU / CPU / bf16 / int8 ...)")],
+    reference: Annotated[Path, typer.Argument(help="reference bundle (e.g. the GPU fp32 run); for a multi-rank run: "
+                                                    "its base name (run.bundle for run.rank0.bundle ...), a folder of "
+                                                    "rank bundles, or a path with {rank}")],
+    target: Annotated[Path, typer.Argument(help="target bundle (NPU / CPU / bf16 / int8 ...), or a multi-rank run as above")],
     mode: Annotated[Mode, typer.Option(help=MODE_HELP)] = Mode.propagated,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write the JSON report here")] = None,
     markdown: Annotated[Optional[Path], typer.Option(help="write a Markdown report here")] = None,
@@ -149,8 +167,21 @@ def compare(
     from accuracy.bundle import Bundle
     from accuracy.errors import OpbandError
     from accuracy.report import print_renderables, text_renderables, to_html, to_json, to_markdown
+    from accuracy.ranks import compare_ranks, is_rank_set
     from opband.terminal import console, progress
 
+    if is_rank_set(reference) or is_rank_set(target):  # multi-rank runs: pair bundles by rank
+        from accuracy.report import ranks_to_dict, ranks_to_text
+
+        try:
+            policy = BudgetPolicy.from_config(budgets) if budgets else None
+            ranked = compare_ranks(reference, target, mode=mode.value, budgets=policy)
+        except (OpbandError, OSError, ValueError) as e:
+            _fail(str(e))
+        typer.echo(ranks_to_text(ranked, limit=limit))
+        if json_out:
+            write_report(json_out, json.dumps(ranks_to_dict(ranked), indent=2, allow_nan=False, default=str))
+        raise typer.Exit(0 if ranked else 1)
     sides = {}
     for side, path in (("reference", reference), ("target", target)):
         try:
@@ -430,9 +461,17 @@ def db_upgrade(data_dir: DataDir = Path(".opband"), revision: str = "head") -> N
     """Migrate the database (OPBAND_DATABASE_URL or the data dir's SQLite) to the latest schema."""
     from api.store.db import upgrade as run
 
+    from sqlalchemy.exc import DBAPIError
+
     settings = _settings(data_dir=data_dir)
-    run(settings.effective_database_url, revision)
-    typer.echo(f"database at {revision}: {settings.effective_database_url.split('@')[-1]}")
+    where = settings.effective_database_url.split("@")[-1]
+    try:
+        run(settings.effective_database_url, revision)
+    except DBAPIError as e:
+        first = str(e.orig or e).strip().splitlines()[0][:300]
+        _fail(f"cannot migrate the database {where}: {first}. Is it running and reachable, and are "
+              "OPBAND_DATABASE_URL and its credentials right? Nothing was changed")
+    typer.echo(f"database at {revision}: {where}")
 
 
 @token_app.command("create")
@@ -483,6 +522,58 @@ def worker(
                            should_stop=lambda: bool(stopping), poll_seconds=0.5)
     except KeyboardInterrupt:
         pass
+
+
+@token_app.command("list")
+def token_list(
+    project: Annotated[Optional[str], typer.Option(help="only this project's tokens")] = None,
+    data_dir: DataDir = Path(".opband"),
+) -> None:
+    """List tokens (id, project, read-only, name, created); the secrets themselves are never stored."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from api.auth import list_tokens
+
+    db = _open_db(_settings(data_dir=data_dir))
+    table = Table("id", "project", "access", "name", "created")
+    for tok, name in list_tokens(db, project):
+        table.add_row(str(tok.id), name, "read-only" if tok.read_only else "write", tok.name or "",
+                      tok.created_at.strftime("%Y-%m-%d %H:%M"))
+    Console().print(table)
+
+
+@token_app.command("revoke")
+def token_revoke(
+    token_id: Annotated[int, typer.Argument(help="the id `opband token list` shows")],
+    data_dir: DataDir = Path(".opband"),
+) -> None:
+    """Revoke a token: requests with it get 401 from now on."""
+    from api.auth import revoke_token
+
+    if not revoke_token(_open_db(_settings(data_dir=data_dir)), token_id):
+        _fail(f"no token with id {token_id}: see `opband token list`")
+    typer.echo(f"token {token_id} revoked")
+
+
+@app.command()
+def gc(
+    apply: Annotated[bool, typer.Option("--apply", metavar="", help="remove what is found (default: only report)")] = False,
+    grace_seconds: Annotated[float, typer.Option(help="leave blobs younger than this (uploads in flight)")] = 600,
+    data_dir: DataDir = Path(".opband"),
+) -> None:
+    """Find blobs no bundle names, bundles whose blob is gone and stale upload temp files; --apply removes them."""
+    from api.store.blobs import make_store
+    from api.store.maintenance import gc as run_gc
+
+    settings = _settings(data_dir=data_dir)
+    store = make_store(settings.effective_store_url, settings.s3_endpoint_url)
+    temp = getattr(store, "temp_dir", None)
+    report = run_gc(_open_db(settings), store, apply=apply, grace_seconds=grace_seconds,
+                    temp_dir=temp() if temp else None, stale_seconds=max(2 * settings.upload_idle_seconds, 60))
+    typer.echo(json.dumps(report.as_dict(), indent=2))
+    if not apply and (report.orphan_blobs or report.rows_without_blob or report.partials):
+        typer.echo("dry run: nothing removed; run again with --apply to remove these", err=True)
 
 
 def main() -> None:

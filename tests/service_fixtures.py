@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,18 +76,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(data_dir: Path, database_url: str, extra_env: dict[str, str] | None = None) -> LiveServer:
-    """Migrate, then start ``opband serve`` in a subprocess (a real uvicorn) and wait until healthy."""
+def start_server(data_dir: Path, database_url: str, extra_env: dict[str, str] | None = None,
+                 preexec_fn: Callable[[], None] | None = None, port: int | None = None) -> LiveServer:
+    """Migrate, then start ``opband serve`` in a subprocess (a real uvicorn) and wait until healthy.
+
+    ``preexec_fn`` runs in the child before it starts (e.g. to set a resource limit); ``port`` reuses
+    a port (a restart)."""
     from api.store.db import upgrade
 
     upgrade(database_url)
-    port = free_port()
+    port = port or free_port()
     env = {**os.environ, "OPBAND_DATABASE_URL": database_url, "OPBAND_DATA_DIR": str(data_dir), **(extra_env or {})}
     log = data_dir / "server.log"
     data_dir.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(
         [sys.executable, "-m", "opband.cli", "serve", "--port", str(port), "--data-dir", str(data_dir)],
-        env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
+        env=env, stdout=open(log, "ab"), stderr=subprocess.STDOUT, preexec_fn=preexec_fn,
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60

@@ -209,7 +209,7 @@ def test_a_record_may_name_a_tensor_of_another_shape_with_as_many_elements(tmp_p
             Record(key="m/forward#0", module="m", op="forward", kind="module", index=1, shape=[1, 3, 2],
                    dtype="float32", tensor="m/aten.mm#0")]
     b = Bundle.open(w.close(Manifest(records=recs)))
-    assert b.manifest.format_version == "1.2"
+    assert b.manifest.format_version.split(".")[0] == "1" and int(b.manifest.format_version.split(".")[1]) >= 1
     out = b.record_values("m/forward#0")
     assert out is not None and out.shape == (1, 3, 2) and out.ravel().tolist() == [0, 1, 2, 3, 4, 5]
     assert b.record_values("m/aten.mm#0").shape == (3, 2)  # type: ignore[union-attr]

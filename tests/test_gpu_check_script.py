@@ -21,6 +21,7 @@ def test_dry_run_on_cpu_prints_one_row_per_target(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stderr[-2000:]
     rows = [line for line in p.stdout.splitlines() if line.startswith("| fp32 on cpu |") or line.startswith("| bf16 on cpu |")]
     assert len(rows) == 2
+    assert "statistics on cpu: ok: device and host statistics agree" in p.stdout, p.stdout[-2000:]
     assert rows[0].split("|")[2].strip() == "pass" and "none" in rows[0]  # same device, same dtype: bitwise equal
     reports = json.loads((tmp_path / "reports.json").read_text())
     bf16 = reports["bf16 on cpu"]

@@ -65,7 +65,7 @@ def test_linear_module_output_shares_the_mm_tensor(tmp_path: Path) -> None:
     assert recs["/forward#0"].tensor == "lin/aten.mm#0" and recs["/forward#0"].shape == [2, 40]
     assert torch.equal(_values(b, "lin/forward#0"), outs["lin"]) and torch.equal(_values(b, "/forward#0"), out)
     assert sorted(b.tensors) == ["lin/aten.mm#0"]  # the weight's transpose is a view: nothing else moves numbers
-    assert b.manifest.format_version == "1.2"
+    assert b.manifest.format_version.split(".")[0] == "1" and int(b.manifest.format_version.split(".")[1]) >= 1
 
 
 def test_an_in_place_write_after_the_op_stores_the_new_values(tmp_path: Path) -> None:
@@ -224,9 +224,9 @@ def main(rank, port, out):
     torch.manual_seed(rank)
     m, x = Net(), torch.randn(2, 3, 8)
     path = f"{out}/tp_{rank}.bundle"
-    with torch.no_grad(), capture(m, path, level="aten", mode="full", progress=False):
+    with torch.no_grad(), capture(m, path, level="aten", mode="full", progress=False) as cap:
         y = m(x)
-    b = Bundle.open(path)
+    b = Bundle.open(cap.bundle_path)  # tp_{rank}.rank{rank}.bundle: one bundle per rank
     got = {r.id: np.array(b.record_values(r.id)).ravel()[:4].tolist() for r in b.records if r.tensor}
     json.dump({"y": y.ravel()[:4].tolist(), "records": got, "skipped": b.manifest.skipped_ops},
               open(f"{out}/tp_{rank}.json", "w"))
@@ -239,7 +239,8 @@ if __name__ == "__main__":
 
 def test_an_in_place_all_reduce_is_not_mistaken_for_the_mm_it_overwrote(tmp_path: Path) -> None:
     """c10d's in-place collectives declare no mutation and complete asynchronously: the module
-    output after the all-reduce holds the reduced values, not the local mm's."""
+    output after the all-reduce holds the reduced values, not the local mm's; the all-reduce itself
+    is recorded once it has landed (hooks.distributed)."""
     import json
     import subprocess
     import sys
@@ -257,4 +258,4 @@ def test_an_in_place_all_reduce_is_not_mistaken_for_the_mm_it_overwrote(tmp_path
         recs = got["records"]
         assert np.allclose(recs["proj/forward#0"], got["y"]) and np.allclose(recs["/forward#0"], got["y"])
         assert not np.allclose(recs["proj/aten.mm#0"], got["y"])  # the local partial sum
-        assert "c10d.allreduce_" in got["skipped"] and not any("allreduce" in k for k in recs)
+        assert np.allclose(recs["proj/c10d.allreduce_#0"], got["y"])

@@ -122,3 +122,48 @@ def test_worker_and_token_refuse_out_of_date_schema(pg_url: str, tmp_path: Path)
         assert "opband db upgrade" in out.stderr, (args, out.stderr[-2000:])
         if args[0] != "serve":
             assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+
+
+def test_downgrade_and_upgrade_keep_the_data(database_url: str) -> None:
+    """Before: on SQLite the migrations ran with foreign keys on, so rebuilding `series` in a downgrade
+    cascaded: every regression deleted and op_results.series_id set to NULL."""
+    from sqlalchemy import text
+
+    upgrade(database_url)
+    engine = make_engine(database_url)
+    now = "2026-01-01 00:00:00"
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO projects (id, name, public, created_at) VALUES (1, 'p', false, :t)"), {"t": now})
+        conn.execute(text("INSERT INTO bundles (id, project_id, sha256, size, storage_key, variant, device, records, "
+                          "run, environment, created_at) VALUES ('b', 1, 'h', 1, 'k', 'fp32', 'cpu', 0, '{}', '{}', :t)"),
+                     {"t": now})
+        conn.execute(text("INSERT INTO comparisons (id, project_id, reference_id, target_id, mode, status, counts, "
+                          "unmatched, attempts, created_at) VALUES ('c', 1, 'b', 'b', 'propagated', 'done', '{}', 0, 0, "
+                          ":t)"), {"t": now})
+        for sid in range(1, 21):
+            conn.execute(text("INSERT INTO series (id, project_id, key, shape_signature, dtype, target, op) "
+                              "VALUES (:i, 1, :k, '64', 'float32', 't', 'aten.mm')"), {"i": sid, "k": f"m.{sid}/aten.mm#0"})
+            conn.execute(text("INSERT INTO op_results (comparison_id, series_id, key, output, op, module, kind, "
+                              "\"index\", shape_signature, dtype, verdict, reason, inherited, created_at) VALUES "
+                              "('c', :i, :k, 0, 'aten.mm', 'm', 'aten', :i, '64', 'float32', 'fail', 'r', false, :t)"),
+                         {"i": sid, "k": f"m.{sid}/aten.mm#0", "t": now})
+            conn.execute(text("INSERT INTO regressions (project_id, series_id, key, op, shape_signature, status, "
+                              "first_comparison_id, last_comparison_id, reason, created_at, updated_at) VALUES "
+                              "(1, :i, :k, 'aten.mm', '64', 'active', 'c', 'c', 'r', :t, :t)"),
+                         {"i": sid, "k": f"m.{sid}/aten.mm#0", "t": now})
+    engine.dispose()
+
+    def counts() -> tuple[int, int, int]:
+        e = make_engine(database_url)
+        with e.connect() as conn:
+            out = (conn.execute(text("SELECT count(*) FROM regressions")).scalar_one(),
+                   conn.execute(text("SELECT count(*) FROM op_results WHERE series_id IS NOT NULL")).scalar_one(),
+                   conn.execute(text("SELECT count(*) FROM series")).scalar_one())
+        e.dispose()
+        return out
+
+    assert counts() == (20, 20, 20)
+    downgrade(database_url, "0001")
+    assert counts() == (20, 20, 20), "a downgrade keeps every regression and every result's series"
+    upgrade(database_url)
+    assert counts() == (20, 20, 20)

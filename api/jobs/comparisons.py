@@ -20,7 +20,7 @@ from contextlib import nullcontext
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import and_, delete, or_, select, update
+from sqlalchemy import and_, delete, insert, or_, select, update
 from sqlalchemy.orm import lazyload
 
 import accuracy
@@ -237,23 +237,9 @@ def persist_report(db: Database, job_id: str, report: accuracy.ComparisonReport,
         s.execute(delete(OpResultRow).where(OpResultRow.comparison_id == job_id))
         series = _series_for(s, job.project_id, target, report.ops)
         now = utcnow()
-        rows = []
-        for o in report.ops:
-            m = o.metrics
-            rows.append(OpResultRow(
-                comparison_id=job_id, series_id=series[(o.id, o.shape_signature, o.dtype)].id,
-                key=o.id, output=o.output, op=o.op, module=o.module, kind=o.kind, index=o.index,
-                shape_signature=o.shape_signature[:1000], dtype=o.dtype, verdict=o.verdict, reason=o.reason,
-                inherited=o.inherited, severity=_severity(o.severity),
-                norm_l2=_finite(m.norm_l2) if m is not None else None,
-                max_abs=_finite(m.max_abs) if m is not None else None,
-                max_rel=_finite(m.max_rel) if m is not None else None,
-                cosine=_finite(m.cosine) if m is not None else None,
-                snr_db=_finite(m.snr_db) if m is not None else None,
-                metrics=m.as_dict() if m is not None else None,
-                budget=op_to_dict(o)["budget"], created_at=now,
-            ))
-        s.add_all(rows)
+        for start in range(0, len(report.ops), RESULT_BATCH):  # Core inserts in batches: no ORM object per op
+            s.execute(insert(OpResultRow), [_result_row(job_id, series[(o.id, o.shape_signature, o.dtype)].id, o, now)
+                                            for o in report.ops[start:start + RESULT_BATCH]])
         _update_regressions(s, job, report, series)
         job.status, job.verdict, job.counts = "done", report.verdict, report.counts
         job.first_divergence = op_to_dict(report.first_divergence) if report.first_divergence else None
@@ -261,6 +247,26 @@ def persist_report(db: Database, job_id: str, report: accuracy.ComparisonReport,
             job.first_divergence["metrics"].pop("histogram", None)
         job.unmatched, job.finished_at, job.lease_until, job.error = len(report.unmatched), now, None, None
     return "done"
+
+
+#: op_results rows per INSERT
+RESULT_BATCH = 2000
+
+
+def _result_row(job_id: str, series_id: int, o: accuracy.OpResult, now: Any) -> dict[str, Any]:
+    m = o.metrics
+    return dict(
+        comparison_id=job_id, series_id=series_id, key=o.id, output=o.output, op=o.op, module=o.module, kind=o.kind,
+        index=o.index, shape_signature=o.shape_signature[:1000], dtype=o.dtype, verdict=o.verdict, reason=o.reason,
+        inherited=o.inherited, severity=_severity(o.severity),
+        norm_l2=_finite(m.norm_l2) if m is not None else None,
+        max_abs=_finite(m.max_abs) if m is not None else None,
+        max_rel=_finite(m.max_rel) if m is not None else None,
+        cosine=_finite(m.cosine) if m is not None else None,
+        snr_db=_finite(m.snr_db) if m is not None else None,
+        metrics=m.as_dict() if m is not None else None,
+        budget=op_to_dict(o)["budget"], created_at=now,
+    )
 
 
 def _series_for(s: Any, project_id: int, target: str, ops: list[accuracy.OpResult]) -> dict[tuple[str, str, str], Series]:
@@ -308,7 +314,8 @@ def _update_regressions(s: Any, job: Comparison, report: accuracy.ComparisonRepo
         if reg is not None and reg.last_comparison_id in last_seen_at \
                 and _aware(last_seen_at[reg.last_comparison_id]) > job_at:
             continue
-        # not inherited: a module output that only carries its own ops' error is marked inherited by compare
+        # a module output that only carries its own ops' error is marked inherited by compare; one whose own ops
+        # ran another implementation (or were not captured) is local: its boundary is where the error shows
         local = not o.inherited
         if o.verdict == "fail" and local:
             match = next((d for d in deviations if fnmatch.fnmatchcase(o.id, d.key_pattern)

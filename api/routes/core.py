@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import uuid
-from typing import Annotated
+from collections.abc import Callable, Iterable
+from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from accuracy.compare import is_golden_run
 from api.store import queries
-from api.auth import authorize
+from api.auth import authorize, authorize_row, authorize_upload, get_or_create_project
 from api.errors import InvalidInput, NotFound
-from api.store.ingest import spool, store_bundle
-from api.store.models import Comparison, Project
+from api.store.ingest import IngestLimits, spool, store_bundle
+from api.store.models import BundleRow, Comparison, Project
 from api.schemas import (
     BundleDetail, BundlePublic, ComparisonCreate, ComparisonPublic, DriftSeries, OpResultPublic, Page,
     ProjectPublic, RegressionPublic, RunSummary, TargetPublic,
@@ -24,16 +26,19 @@ from api.observability import UPLOADS
 from api.services import Services
 
 router = APIRouter()
+T = TypeVar("T")
 
 
 def get_services(request: Request) -> Services:
     return request.app.state.services  # type: ignore[no-any-return]
 
 
-def bearer(authorization: Annotated[str | None, Header()] = None) -> str | None:
-    if authorization and authorization.lower().startswith("bearer "):
-        return authorization[7:].strip()
-    return None
+_BEARER = HTTPBearer(auto_error=False, description="a project token from `opband token create` (needed when the "
+                                                  "server runs with OPBAND_AUTH=true)")
+
+
+def bearer(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)] = None) -> str | None:
+    return credentials.credentials.strip() if credentials else None
 
 
 ServicesDep = Annotated[Services, Depends(get_services)]
@@ -41,6 +46,21 @@ TokenDep = Annotated[str | None, Depends(bearer)]
 ProjectName = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
                                   description="letters, digits, '.', '_' and '-'")]
 Limit = Annotated[int, Query(ge=1, le=1000)]
+
+
+def one_of(values: Iterable[str], description: str | None = None) -> Any:
+    """A query parameter documented as an enum; the store checks it and names the choices in its 422."""
+    return Query(description=description, json_schema_extra={"enum": list(values)})
+
+
+def one_or_more(values: Iterable[str], description: str) -> Any:
+    """A comma-separated list of ``values``, documented as a pattern; the store checks it (422 naming them)."""
+    word = "(" + "|".join(values) + ")"
+    return Query(description=description, json_schema_extra={"pattern": f"^{word}(,{word})*$"})
+
+
+Metric = Annotated[str, one_of(queries.METRIC_COLUMNS)]
+
 Offset = Annotated[int, Query(ge=0, le=1_000_000_000)]
 
 
@@ -75,10 +95,22 @@ def project_by_id(svc: Services, project_id: int) -> Project:
     return project
 
 
+def readable(svc: Services, token: str | None, lookup: Callable[[], T], what: str, ident: str | int,
+             write: bool = False) -> T:
+    """The row ``lookup`` finds, if the token may see it. With auth on the token is checked first, and
+    another project's row gets the same 404 as a missing one (ids cannot be probed)."""
+    missing = NotFound(f"{what} {ident!r} does not exist")
+    try:
+        row = lookup()
+    except NotFound:
+        authorize_row(svc.db, None, token, write, svc.settings.auth, missing)
+        raise
+    authorize_row(svc.db, row.project_id, token, write, svc.settings.auth, missing)  # type: ignore[attr-defined]
+    return row
+
+
 def _project_of_comparison(svc: Services, comparison_id: str, token: str | None) -> Comparison:
-    c = queries.get_comparison(svc.db, comparison_id)
-    read_project(svc, project_by_id(svc, c.project_id).name, token)
-    return c
+    return readable(svc, token, lambda: queries.get_comparison(svc.db, comparison_id), "comparison", comparison_id)
 
 
 @router.get("/health")
@@ -99,21 +131,34 @@ def projects(svc: ServicesDep) -> Page[ProjectPublic]:
     return Page(data=[ProjectPublic.model_validate(p) for p in rows], count=len(rows))
 
 
+BINARY = {"schema": {"type": "string", "format": "binary"}}
+
+
 @router.post("/projects/{project}/bundles", status_code=201, response_model=BundlePublic,
-             responses={200: {"description": "these exact bytes were uploaded before: the same bundle"},
-                        413: {"description": "over the upload limit"}, 422: {"description": "not a valid bundle"}})
+             openapi_extra={"requestBody": {"required": True, "description": "the bundle file's bytes",
+                                            "content": {"application/octet-stream": BINARY}}},
+             responses={200: {"description": "these exact bytes were uploaded before: the same bundle",
+                              "model": BundlePublic},
+                        408: {"description": "the body stalled (OPBAND_UPLOAD_IDLE_SECONDS)"},
+                        413: {"description": "over the upload, manifest or record limit"},
+                        422: {"description": "not a valid bundle"}})
 async def upload_bundle(project: ProjectName, request: Request, response: Response, svc: ServicesDep,
                         token: TokenDep, names: Annotated[RunNames, Depends(run_names_query)]) -> BundlePublic:
     """Upload one bundle file as the raw request body (streamed to disk, hashed, validated).
     ``label``, ``target`` and ``tag`` (``key=value``, repeatable) override the manifest's run names."""
-    proj = await run_in_threadpool(authorize, svc.db, project, token, True, svc.settings.auth, True)
+    settings = svc.settings
+    proj = await run_in_threadpool(authorize_upload, svc.db, project, token, settings.auth)
     declared = request.headers.get("content-length")
     try:
         length = int(declared) if declared is not None else None
     except ValueError:
-        raise InvalidInput(f"Content-Length {declared!r} is not a number") from None
-    upload = await spool(request.stream(), svc.upload_temp_dir, svc.settings.max_upload_bytes, length)
-    row, created = await run_in_threadpool(store_bundle, svc.db, svc.store, proj, upload, names)
+        raise InvalidInput(f"Content-Length {declared[:40]!r} is not a number") from None
+    upload = await spool(request.stream(), svc.upload_temp_dir, settings.max_upload_bytes, length,
+                         settings.upload_idle_seconds, settings.min_free_bytes)
+    limits = IngestLimits(settings.max_manifest_bytes, settings.max_records)
+    row, created = await run_in_threadpool(store_bundle, svc.db, svc.store,
+                                           proj or (lambda: get_or_create_project(svc.db, project)), upload, names,
+                                           limits)
     UPLOADS.labels("created" if created else "duplicate").inc()
     response.status_code = 201 if created else 200
     return BundlePublic.model_validate(row)
@@ -132,6 +177,14 @@ def list_bundles(project: ProjectName, svc: ServicesDep, token: TokenDep, limit:
     return Page(data=[BundlePublic.model_validate(r) for r in rows], count=count)
 
 
+BundleId = Annotated[str, Path(max_length=64, description="a bundle id (32 hex digits)")]
+ComparisonId = Annotated[str, Path(max_length=64, description="a comparison id (32 hex digits)")]
+
+
+def readable_bundle(svc: Services, bundle_id: str, token: str | None) -> BundleRow:
+    return readable(svc, token, lambda: queries.get_bundle(svc.db, bundle_id), "bundle", bundle_id)
+
+
 def _tag_filter(tag: list[str] | None) -> dict[str, str]:
     from accuracy.manifest import parse_tags
 
@@ -148,16 +201,14 @@ def list_targets(project: ProjectName, svc: ServicesDep, token: TokenDep) -> lis
 
 
 @router.get("/bundles/{bundle_id}", response_model=BundleDetail)
-def get_bundle(bundle_id: str, svc: ServicesDep, token: TokenDep) -> BundleDetail:
-    row = queries.get_bundle(svc.db, bundle_id)
-    _check_bundle_access(svc, row.project_id, token)
-    return BundleDetail.model_validate(row)
+def get_bundle(bundle_id: BundleId, svc: ServicesDep, token: TokenDep) -> BundleDetail:
+    return BundleDetail.model_validate(readable_bundle(svc, bundle_id, token))
 
 
-@router.get("/bundles/{bundle_id}/content")
-def download_bundle(bundle_id: str, svc: ServicesDep, token: TokenDep) -> StreamingResponse:
-    row = queries.get_bundle(svc.db, bundle_id)
-    _check_bundle_access(svc, row.project_id, token)
+@router.get("/bundles/{bundle_id}/content", response_class=StreamingResponse,
+            responses={200: {"description": "the bundle file's bytes", "content": {"application/octet-stream": BINARY}}})
+def download_bundle(bundle_id: BundleId, svc: ServicesDep, token: TokenDep) -> StreamingResponse:
+    row = readable_bundle(svc, bundle_id, token)
     stream = svc.store.open(row.storage_key)
 
     def chunks():  # type: ignore[no-untyped-def]
@@ -172,10 +223,6 @@ def download_bundle(bundle_id: str, svc: ServicesDep, token: TokenDep) -> Stream
                                       "Content-Disposition": f'attachment; filename="{bundle_id}.bundle"'})
 
 
-def _check_bundle_access(svc: Services, project_id: int, token: str | None) -> None:
-    read_project(svc, project_by_id(svc, project_id).name, token)
-
-
 @router.post("/projects/{project}/comparisons", status_code=202, response_model=ComparisonPublic)
 def create_comparison(project: ProjectName, body: ComparisonCreate, svc: ServicesDep, token: TokenDep) -> ComparisonPublic:
     """Queue a comparison of two bundles of this project; poll GET /comparisons/{id} for its status."""
@@ -184,9 +231,9 @@ def create_comparison(project: ProjectName, body: ComparisonCreate, svc: Service
         try:
             b = queries.get_bundle(svc.db, bid)
         except NotFound:
-            raise InvalidInput(f"{side} bundle {bid!r} does not exist: upload it first") from None
-        if b.project_id != proj.id:
-            raise InvalidInput(f"{side} bundle {bid!r} belongs to another project")
+            b = None
+        if b is None or b.project_id != proj.id:  # one answer for both: ids of other projects cannot be probed
+            raise InvalidInput(f"{side} bundle {bid!r} does not exist in project {project!r}: upload it there first")
         run = b.run or {}
         if side == "reference" and body.mode == "golden" and not is_golden_run(run):
             raise InvalidInput(f"mode golden needs a float64 recomputation of the reference as the reference, and "
@@ -202,7 +249,8 @@ def create_comparison(project: ProjectName, body: ComparisonCreate, svc: Service
 
 @router.get("/projects/{project}/comparisons", response_model=Page[ComparisonPublic])
 def list_comparisons(project: ProjectName, svc: ServicesDep, token: TokenDep, limit: Limit = 50, offset: Offset = 0,
-                     status: str | None = None,
+                     status: Annotated[str | None, one_or_more(queries.COMPARISON_STATUSES,
+                                                               "comma-separated job statuses")] = None,
                      target: Annotated[str | None, Query(description="target name of the target run")] = None,
                      label: Annotated[str | None, Query(description="label of either run")] = None,
                      ) -> Page[ComparisonPublic]:
@@ -212,18 +260,20 @@ def list_comparisons(project: ProjectName, svc: ServicesDep, token: TokenDep, li
 
 
 @router.get("/comparisons/{comparison_id}", response_model=ComparisonPublic)
-def get_comparison(comparison_id: str, svc: ServicesDep, token: TokenDep) -> ComparisonPublic:
+def get_comparison(comparison_id: ComparisonId, svc: ServicesDep, token: TokenDep) -> ComparisonPublic:
     return comparison_public(_project_of_comparison(svc, comparison_id, token))
 
 
 @router.get("/comparisons/{comparison_id}/ops", response_model=Page[OpResultPublic])
 def comparison_ops(
-    comparison_id: str, svc: ServicesDep, token: TokenDep,
+    comparison_id: ComparisonId, svc: ServicesDep, token: TokenDep,
     op: str | None = None, module: Annotated[str | None, Query(description="module path glob")] = None,
     shape: Annotated[str | None, Query(description="input shape signature, e.g. 64x128,128x128")] = None,
-    verdict: Annotated[str | None, Query(description="comma-separated verdicts")] = None,
-    metric: str | None = None, min: float | None = None, max: float | None = None,  # noqa: A002
-    sort: str = "worst", order: str = "desc", limit: Limit = 50, offset: Offset = 0,
+    verdict: Annotated[str | None, one_or_more(queries.VERDICTS, "comma-separated verdicts")] = None,
+    metric: Annotated[str | None, one_of(queries.METRIC_COLUMNS)] = None,
+    min: float | None = None, max: float | None = None,  # noqa: A002
+    sort: Annotated[str, one_of(queries.SORTS)] = "worst", order: Annotated[str, one_of(("asc", "desc"))] = "desc",
+    limit: Limit = 50, offset: Offset = 0,
     metrics: bool = False,
 ) -> Page[OpResultPublic]:
     """Per-op results, worst first by default."""
@@ -240,7 +290,8 @@ def comparison_ops(
 
 @router.get("/projects/{project}/regressions", response_model=Page[RegressionPublic])
 def list_regressions(project: ProjectName, svc: ServicesDep, token: TokenDep,
-                     status: Annotated[str | None, Query(description="comma-separated: active,acknowledged,accepted,resolved")] = "active",
+                     status: Annotated[str | None, one_or_more(queries.REGRESSION_STATUSES,
+                                                               "comma-separated regression statuses")] = "active",
                      op: str | None = None, shape: str | None = None,
                      target: Annotated[str | None, Query(description="target name, e.g. ascend-910b/bf16 or bf16@cpu")] = None,
                      dtype: Annotated[str | None, Query(description="the target's output dtype, e.g. bfloat16")] = None,
@@ -252,7 +303,7 @@ def list_regressions(project: ProjectName, svc: ServicesDep, token: TokenDep,
 
 
 @router.get("/projects/{project}/drift", response_model=list[DriftSeries])
-def project_drift(project: ProjectName, svc: ServicesDep, token: TokenDep, metric: str = "norm_l2",
+def project_drift(project: ProjectName, svc: ServicesDep, token: TokenDep, metric: Metric = "norm_l2",
                   key: Annotated[str | None, Query(description="op key glob; default: the worst series")] = None,
                   target: Annotated[str | None, Query(description="target name, e.g. ascend-910b/bf16 or bf16@cpu")] = None,
                   series: Annotated[int, Query(ge=1, le=100)] = 8,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
+from pydantic import StringConstraints
 
 from accuracy.coverage import coverage
 from api.routes.core import ProjectName, ServicesDep, TokenDep, read_project
@@ -16,8 +17,10 @@ router = APIRouter()
 @router.get("/projects/{project}/coverage")
 def project_coverage(
     project: ProjectName, svc: ServicesDep, token: TokenDep,
-    op: Annotated[list[str] | None, Query(description="an op list to measure the covered share of (repeatable: "
-                                                      "aten.mm, aten.add.Tensor)", max_length=5000)] = None,
+    op: Annotated[list[Annotated[str, StringConstraints(max_length=100)]] | None,
+                  Query(description="an op list to measure the covered share of (repeatable: aten.mm, "
+                                    "aten.add.Tensor); at most 500, so the URL stays under the HTTP server's 64 KB",
+                        max_length=500)] = None,
     bundles: Annotated[int, Query(ge=1, le=2000, description="the latest this many bundles")] = 200,
 ) -> dict[str, Any]:
     """Ops, overloads, dtypes, input-shape classes and value regimes the project's runs exercised, per model,

@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from api.dashboard_schemas import ComparisonRuns, Heatmap, OpDetail, OpGroups, OpHistory, Overview, RegressionEventPublic
+from api.limits import MAX_ROW_ID
 from api.routes.core import Limit, Offset, ProjectName, ServicesDep, TokenDep, _project_of_comparison, read_project
 from api.schemas import Page
 from api.store import dashboard_queries as dq
@@ -67,7 +68,7 @@ def heatmap(project: ProjectName, svc: ServicesDep, token: TokenDep, metric: str
 
 
 @router.get("/projects/{project}/regression-events", response_model=Page[RegressionEventPublic])
-def regression_events(project: ProjectName, svc: ServicesDep, token: TokenDep, regression: int | None = None,
+def regression_events(project: ProjectName, svc: ServicesDep, token: TokenDep, regression: Annotated[int | None, Query(ge=1, le=MAX_ROW_ID)] = None,
                       limit: Limit = 50, offset: Offset = 0) -> Page[RegressionEventPublic]:
     """Who acknowledged, accepted or re-opened which regression, and when (newest first)."""
     rows, count = dq.regression_events(svc.db, read_project(svc, project, token), regression, limit, offset)

@@ -7,7 +7,8 @@ from fastapi import APIRouter, Response
 from api.store import curation, queries
 from api.auth import authorize
 from api.store.models import Project
-from api.routes.core import ProjectName, ServicesDep, TokenDep, project_by_id, read_project
+from api.limits import RowId
+from api.routes.core import BundleId, ProjectName, ServicesDep, TokenDep, readable, readable_bundle, read_project
 from api.schemas import (
     BaselineCreate, BaselinePromote, BaselinePublic, BundleDiff, DeviationCreate, DeviationPublic, Page,
     ProjectPublic, ProjectUpdate, RegressionPublic, RegressionUpdate,
@@ -70,24 +71,20 @@ def list_deviations(project: ProjectName, svc: ServicesDep, token: TokenDep,
 
 
 @router.delete("/projects/{project}/deviations/{deviation_id}", status_code=204)
-def delete_deviation(project: ProjectName, deviation_id: int, svc: ServicesDep, token: TokenDep) -> Response:
+def delete_deviation(project: ProjectName, deviation_id: RowId, svc: ServicesDep, token: TokenDep) -> Response:
     curation.delete_deviation(svc.db, write_project(svc, project, token), deviation_id)
     return Response(status_code=204)
 
 
 @router.patch("/regressions/{regression_id}", response_model=RegressionPublic)
-def update_regression(regression_id: int, body: RegressionUpdate, svc: ServicesDep, token: TokenDep) -> RegressionPublic:
+def update_regression(regression_id: RowId, body: RegressionUpdate, svc: ServicesDep, token: TokenDep) -> RegressionPublic:
     """Acknowledge (or re-open, accept, resolve) a regression."""
-    reg = queries.get_regression(svc.db, regression_id)
-    write_project(svc, project_by_id(svc, reg.project_id).name, token)
+    readable(svc, token, lambda: queries.get_regression(svc.db, regression_id), "regression", regression_id, write=True)
     row = curation.set_regression_status(svc.db, regression_id, body.status, body.author or "anonymous", body.note)
     return RegressionPublic.model_validate(row)
 
 
 @router.get("/bundles/{a}/diff/{b}", response_model=BundleDiff)
-def bundle_diff(a: str, b: str, svc: ServicesDep, token: TokenDep) -> BundleDiff:
+def bundle_diff(a: BundleId, b: BundleId, svc: ServicesDep, token: TokenDep) -> BundleDiff:
     """What changed between two bundles' environments and capture settings."""
-    rows = [queries.get_bundle(svc.db, a), queries.get_bundle(svc.db, b)]
-    for row in rows:
-        read_project(svc, project_by_id(svc, row.project_id).name, token)
-    return queries.bundle_diff(*rows)
+    return queries.bundle_diff(readable_bundle(svc, a, token), readable_bundle(svc, b, token))

@@ -33,6 +33,9 @@ class BlobStore(Protocol):
     def check(self) -> None:
         """Raise if the store cannot be reached (readiness probe)."""
 
+    def keys(self) -> Iterator[tuple[str, float]]:
+        """Every stored blob's key and its last-modified time (epoch seconds), for garbage collection."""
+
 
 class LocalStore:
     """A folder on disk; writes are atomic renames within the folder."""
@@ -79,6 +82,12 @@ class LocalStore:
     def check(self) -> None:
         probe = tempfile.NamedTemporaryFile(dir=self.temp_dir(), delete=True)
         probe.close()
+
+    def keys(self) -> Iterator[tuple[str, float]]:
+        for path in self.root.rglob("*"):
+            rel = path.relative_to(self.root)
+            if rel.parts[0] != ".tmp" and path.is_file():
+                yield rel.as_posix(), path.stat().st_mtime
 
 
 def make_store(url: str, endpoint_url: str | None = None) -> BlobStore:

@@ -2,21 +2,32 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import json
+import multiprocessing
 import os
+import shutil
+import struct
 import tempfile
+import threading
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import insert, select
 from sqlalchemy.exc import IntegrityError
 
 from accuracy.bundle import Bundle
 from accuracy.errors import BundleError
 from accuracy.manifest import Record, RunNames
 from api.store.db import Database
-from api.errors import InvalidInput, TooLarge
+from api.errors import InvalidInput, RequestTimeout, TooLarge, Unavailable
+from api.store.maintenance import PARTIAL_SUFFIX, partial_prefix
 from api.store.models import BundleRow, OpRecordRow, Project
 from api.observability import UPLOAD_BYTES
 from api.store.blobs import BlobStore
@@ -32,18 +43,35 @@ class SpooledUpload:
         self.path.unlink(missing_ok=True)
 
 
-async def spool(body: AsyncIterator[bytes], temp_dir: Path, limit: int, declared: int | None) -> SpooledUpload:
-    """Write ``body`` to a temp file chunk by chunk; never holds the whole body in memory."""
+async def spool(body: AsyncIterator[bytes], temp_dir: Path, limit: int, declared: int | None,
+                idle_seconds: float = 30.0, min_free_bytes: int = 0) -> SpooledUpload:
+    """Write ``body`` to a temp file chunk by chunk; never holds the whole body in memory.
+
+    A body that sends nothing for ``idle_seconds`` is dropped (408); one that would leave less than
+    ``min_free_bytes`` free on the temp folder's disk is refused before it is read (503).
+    """
     if declared is not None and declared > limit:
         raise TooLarge(f"bundle is {declared} bytes; this server accepts at most {limit} (OPBAND_MAX_UPLOAD_BYTES)")
     temp_dir.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix="upload-", suffix=".partial", dir=temp_dir)
+    free = shutil.disk_usage(temp_dir).free
+    if free - (declared or 0) < min_free_bytes:
+        raise Unavailable(f"the server's disk is almost full ({free} bytes free, OPBAND_MIN_FREE_BYTES is "
+                          f"{min_free_bytes}): try again later; operators: free space or run `opband gc`")
+    fd, name = tempfile.mkstemp(prefix=partial_prefix(), suffix=PARTIAL_SUFFIX, dir=temp_dir)
     path = Path(name)
     digest = hashlib.sha256()
     size = 0
+    chunks = body.__aiter__()
     try:
         with os.fdopen(fd, "wb") as f:
-            async for chunk in body:
+            while True:
+                try:
+                    chunk = await asyncio.wait_for(chunks.__anext__(), idle_seconds)
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    raise RequestTimeout(f"the upload sent nothing for {idle_seconds:g} s after {size} bytes "
+                                         "(OPBAND_UPLOAD_IDLE_SECONDS): send it again") from None
                 size += len(chunk)
                 UPLOAD_BYTES.inc(len(chunk))
                 if size > limit:
@@ -62,50 +90,140 @@ async def spool(body: AsyncIterator[bytes], temp_dir: Path, limit: int, declared
     return SpooledUpload(path, digest.hexdigest(), size)
 
 
-def store_bundle(db: Database, store: BlobStore, project: Project, upload: SpooledUpload,
-                 names: RunNames | None = None) -> tuple[BundleRow, bool]:
-    """Validate and store an upload; returns (row, created). Same bytes again return the same row
-    (with the names it was first stored under). ``names`` given at upload override the manifest's.
+@dataclass(frozen=True)
+class IngestLimits:
+    """What one bundle may cost the server (Settings.max_manifest_bytes, max_records)."""
 
-    The blob is written first, the row committed second; if the commit fails the blob is removed,
-    so no failure leaves a row without its blob or (beyond a crash) a blob without its row.
-    """
+    max_manifest_bytes: int = 128 << 20
+    max_records: int = 500_000
+
+
+def check_header_size(path: Path, limit: int) -> None:
+    """Refuse (413) a bundle whose header (the manifest) is over ``limit`` bytes, before parsing it."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if len(head) == 8:
+        (n,) = struct.unpack("<Q", head)
+        if n > limit:
+            raise TooLarge(f"the bundle's manifest is {n} bytes; this server parses at most {limit} "
+                           "(OPBAND_MAX_MANIFEST_BYTES): split the capture (--module/--op filters, or summary mode)")
+
+
+#: op_records rows written per INSERT: bounded memory for bundles of any record count
+INSERT_BATCH = 5000
+#: the indexed fields of a record, in the order of the lines ``inspect_bundle`` writes
+RECORD_COLUMNS = ("key", "output", "op", "module", "kind", "index", "shape_signature", "dtype")
+
+
+@dataclass(frozen=True)
+class Inspected:
+    """What the server keeps of a valid bundle, besides its records (streamed from ``records_path``)."""
+
+    run: dict[str, Any]
+    environment: dict[str, Any]
+    variant: str
+    device: str
+    records: int
+    names: RunNames
+
+
+def inspect_bundle(path: Path, records_path: Path, limits: IngestLimits, names: RunNames | None = None) -> Inspected:
+    """Open and validate a bundle and write its records' indexed fields to ``records_path`` (one JSON
+    array per line). Parsing a manifest costs memory in proportion to its records: :func:`store_bundle`
+    runs this in a short-lived child process, so that cost never stays in (or grows) the server."""
+    check_header_size(path, limits.max_manifest_bytes)
     try:
-        existing = _find(db, project.id, upload.sha256)
-        if existing is not None:
-            return existing, False
+        m = Bundle.open(path).manifest
+    except BundleError as e:
+        raise InvalidInput(f"not a valid opband bundle: {e}") from e
+    if len(m.records) > limits.max_records:
+        raise TooLarge(f"the bundle has {len(m.records)} records; this server takes at most {limits.max_records} "
+                       "per bundle (OPBAND_MAX_RECORDS): split the capture (--module/--op filters)")
+    check_record_fields(m.records)
+    check_no_nul({"run": m.run, "environment": m.environment})
+    try:
+        named = m.names_with(names)
+    except BundleError as e:
+        raise InvalidInput(f"{e}; fix it at capture (--target, --tag) or override it at upload") from e
+    with open(records_path, "w") as f:
+        for r in m.records:
+            f.write(json.dumps([r.key, r.output, r.op, r.module, r.kind, r.index, r.shape_signature[:1000], r.dtype]))
+            f.write("\n")
+    return Inspected(m.run, m.environment, m.variant, m.device, len(m.records), named)
+
+
+_POOL_LOCK = threading.Lock()
+
+
+def _inspect_in_child(path: Path, records_path: Path, limits: IngestLimits, names: RunNames | None) -> Inspected:
+    """:func:`inspect_bundle` in a fresh child process (forkserver: no copy of the server's state), which
+    exits afterwards and returns its memory. Errors come back as the same exceptions."""
+    with _POOL_LOCK:
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["api.store.ingest"])
+    with ProcessPoolExecutor(1, mp_context=context, max_tasks_per_child=1) as pool:
         try:
-            bundle = Bundle.open(upload.path)
-        except BundleError as e:
-            raise InvalidInput(f"not a valid opband bundle: {e}") from e
-        m = bundle.manifest
-        check_record_fields(m.records)
-        run, env = m.run, m.environment
-        try:
-            named = m.names_with(names)
-        except BundleError as e:
-            raise InvalidInput(f"{e}; fix it at capture (--target, --tag) or override it at upload") from e
-        variant, device = _text(m.variant, 40) or "fp32", _text(m.device, 100) or "cpu"
+            return pool.submit(inspect_bundle, path, records_path, limits, names).result()
+        except BrokenProcessPool:
+            raise Unavailable("validating the bundle ran out of memory or was killed: try again later; operators: "
+                              "lower OPBAND_MAX_MANIFEST_BYTES / OPBAND_MAX_RECORDS or add memory") from None
+
+
+def _record_batches(records_path: Path, bundle_id: str) -> Iterator[list[dict[str, Any]]]:
+    with open(records_path) as f:
+        batch: list[dict[str, Any]] = []
+        for line in f:
+            batch.append({"bundle_id": bundle_id, **dict(zip(RECORD_COLUMNS, json.loads(line)))})
+            if len(batch) == INSERT_BATCH:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
+
+
+def store_bundle(db: Database, store: BlobStore, project: Project | Callable[[], Project], upload: SpooledUpload,
+                 names: RunNames | None = None, limits: IngestLimits | None = None,
+                 isolate: bool = True) -> tuple[BundleRow, bool]:
+    """Validate and store an upload; returns (row, created). Same bytes again return the same row (with
+    the names it was first stored under). ``names`` given at upload override the manifest's.
+
+    ``project`` may be a function that makes it: it is called only once the bundle is valid, so an
+    invalid upload creates nothing. The bundle is parsed in a child process (``isolate``) and its
+    records inserted in batches: the server's memory does not grow with the record count. The blob is
+    written first, the row committed second; if the commit fails the blob is removed, so no failure
+    leaves a row without its blob; a crash in between leaves an orphan blob that ``opband gc`` removes.
+    """
+    limits = limits or IngestLimits()
+    records_path = upload.path.with_name(upload.path.name + ".records" + PARTIAL_SUFFIX)
+    try:
+        if isinstance(project, Project):
+            existing = _find(db, project.id, upload.sha256)
+            if existing is not None:
+                return existing, False
+        found = (_inspect_in_child if isolate else inspect_bundle)(upload.path, records_path, limits, names)
+        run, env = found.run, found.environment
+        variant, device = _text(found.variant, 40) or "fp32", _text(found.device, 100) or "cpu"
+        if not isinstance(project, Project):
+            project = project()
+            existing = _find(db, project.id, upload.sha256)
+            if existing is not None:
+                return existing, False
         row = BundleRow(
             id=uuid.uuid4().hex, project_id=project.id, sha256=upload.sha256, size=upload.size,
-            storage_key=f"{project.name}/{upload.sha256}.bundle", label=named.label,
-            variant=variant, device=device, target=named.target_or_default(variant, device)[:200], tags=named.tags,
+            storage_key=f"{project.name}/{upload.sha256}.bundle", label=found.names.label,
+            variant=variant, device=device, target=found.names.target_or_default(variant, device)[:200],
+            tags=found.names.tags,
             level=_text(run.get("level"), 20), mode=_text(run.get("mode"), 20),
             git_commit=_text(env.get("git_commit"), 64), git_branch=_text(env.get("git_branch"), 200),
-            records=len(m.records), run=run, environment=env,
+            records=found.records, run=run, environment=env,
         )
-        records = [
-            OpRecordRow(bundle_id=row.id, key=r.key, output=r.output, op=r.op, module=r.module, kind=r.kind,
-                        index=r.index, shape_signature=r.shape_signature[:1000], dtype=r.dtype)
-            for r in m.records
-        ]
-        del bundle
         store.put_file(row.storage_key, upload.path)
         try:
             with db.session() as s:
                 s.add(row)
                 s.flush()
-                s.add_all(records)
+                for batch in _record_batches(records_path, row.id):
+                    s.execute(insert(OpRecordRow), batch)
         except IntegrityError:
             # a concurrent upload of the same bytes won the race: theirs stands, and shares our blob key
             winner = _find(db, project.id, upload.sha256)
@@ -119,6 +237,7 @@ def store_bundle(db: Database, store: BlobStore, project: Project, upload: Spool
         return row, True
     finally:
         upload.discard()
+        records_path.unlink(missing_ok=True)
 
 
 #: record fields stored in indexed columns, and their column widths (api/store/models.py)
@@ -126,13 +245,32 @@ RECORD_LIMITS = {"key": 1000, "module": 800, "op": 200, "dtype": 40}
 
 
 def check_record_fields(records: list[Record]) -> None:
-    """Refuse (422) a record whose indexed fields would not fit their columns, naming it."""
+    """Refuse (422) a record whose indexed fields would not fit their columns or hold a NUL, naming it."""
     for r in records:
         for name, limit in RECORD_LIMITS.items():
             value = getattr(r, name)
             if len(value) > limit:
                 raise InvalidInput(f"record {r.key[:80]!r}: {name} is {len(value)} characters; this server indexes "
                                    f"at most {limit}. Shorten module names or filter the capture (--module/--op)")
+            if "\x00" in value:
+                raise InvalidInput(f"record {r.key[:80]!r}: {name} contains a NUL character, which no database "
+                                   "column can hold: fix the capture's names")
+        if "\x00" in r.shape_signature:
+            raise InvalidInput(f"record {r.key[:80]!r}: its input shapes contain a NUL character")
+
+
+def check_no_nul(value: object, where: str = "") -> None:
+    """Refuse (422) free-form metadata holding a NUL character anywhere (PostgreSQL stores none)."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise InvalidInput(f"manifest field {where or '(root)'} contains a NUL character: remove it")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            check_no_nul(k, where)
+            check_no_nul(v, f"{where}.{k}" if where else str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            check_no_nul(v, f"{where}[{i}]")
 
 
 def _text(value: object, limit: int) -> str | None:

@@ -65,6 +65,12 @@ class S3Store:
     def temp_dir(self) -> Path:
         return Path(tempfile.gettempdir())
 
+    def keys(self) -> Iterator[tuple[str, float]]:
+        start = f"{self.prefix}/" if self.prefix else ""
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=start):
+            for obj in page.get("Contents", []):
+                yield obj["Key"][len(start):], obj["LastModified"].timestamp()
+
     def check(self) -> None:
         try:
             self.client.head_bucket(Bucket=self.bucket)

@@ -1,0 +1,611 @@
+"""One pass over memory for every elementwise number opband computes, compiled by numba.
+
+Two kernels, used everywhere (capture statistics in ``hooks``, the metric suite in ``accuracy``):
+
+- :func:`tensor_stats`: min, max, sum and sum of squares over the finite values, NaN/Inf/zero
+  counts and the sampled elements of one array;
+- :func:`error_pass`: the whole error distribution of a (reference, target) pair (sums, maxima,
+  threshold counts, NaN/Inf bookkeeping and the exact histogram) into an accumulator that chunks
+  and threads add to.
+
+numba compiles them with the LLVM inside the ``llvmlite`` wheel (no C compiler at run time) on
+first use and caches the machine code on disk (``NUMBA_CACHE_DIR``; default ``__pycache__`` next to
+this file, else numba's per-user cache). Arrays are read in their stored form: ``float32``,
+``float64``, bfloat16 as its ``uint16`` words and float16 as its ``int16`` words (numba has no
+float16 arithmetic), decoded to float64 in registers; every element is worked in float64.
+
+Each kernel walks blocks of :data:`BLOCK` elements with a branch-free loop the compiler
+vectorizes; a block with a NaN or Inf (seen as a NaN in ``sum(x * 0)``) is redone by a masked
+loop, so the finite path pays nothing for them. Arrays over :data:`PARALLEL_MIN` elements are split
+over threads (the kernels release the GIL); partial results are combined in a fixed order, so a
+result depends on the thread count only through the rounding of its sums.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic, overload
+
+BLOCK = 512
+#: Arrays of at least this many elements are split over threads.
+PARALLEL_MIN = 1 << 20
+_FASTMATH = {"reassoc", "nsz", "contract"}  # reorder sums (to vectorize) but keep NaN/Inf semantics
+
+#: ``tensor_stats`` output head: lo, hi, sum, sumsq over finite values; nan, inf, zeros, finite count.
+N_STATS = 8
+
+#: ``error_pass`` accumulator fields (float64; counts are exact below 2^53).
+ACC_FIELDS = ("numel", "finite", "exact", "nan_mismatch", "inf_mismatch", "nan_where_ref_finite",
+              "sum_abs", "sum_err", "sum_sq_err", "sum_sq_ref", "dot_dr", "sum_rel", "sum_ulp",
+              "max_abs", "max_rel", "ulp_max", "over_ulp", "rel_over_0", "rel_over_1", "rel_over_2")
+A = {name: i for i, name in enumerate(ACC_FIELDS)}
+_MAX_FIELDS = (A["max_abs"], A["max_rel"], A["ulp_max"])
+#: Histogram code of |error|: 0 for exact zeros, else 1 + (float32 bits of |error| >> 21).
+N_CODES = 1 + (1 << 10)
+HIST_SHIFT = 21
+
+
+# -- bit casts (LLVM bitcast: free) ---------------------------------------------------------------
+def _bitcast(src: types.Type, dst: types.Type, width: int) -> Any:
+    @intrinsic
+    def cast(typingctx: Any, x: Any) -> Any:
+        if x != src:
+            return None
+
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            target = ir.DoubleType() if dst == types.float64 else ir.FloatType() if dst == types.float32 \
+                else ir.IntType(width)
+            return builder.bitcast(args[0], target)
+
+        return dst(src), codegen
+
+    return cast
+
+
+_f64_bits = _bitcast(types.float64, types.int64, 64)
+_bits_f64 = _bitcast(types.int64, types.float64, 64)
+_f32_bits = _bitcast(types.float32, types.int32, 32)
+_bits_f32 = _bitcast(types.int32, types.float32, 32)
+
+
+def _load(x, i):  # type: ignore[no-untyped-def]  # no annotations: numba compares signatures
+    """Element ``i`` of a kernel array as float64 (see the module docstring for the encodings)."""
+    raise NotImplementedError  # numba only
+
+
+def _load32(x, i):  # type: ignore[no-untyped-def]
+    """Element ``i`` of a 16/32-bit kernel array as float32 (exact)."""
+    raise NotImplementedError  # numba only
+
+
+def _f16_to_f32(h):  # type: ignore[no-untyped-def]
+    raise NotImplementedError  # numba only
+
+
+@overload(_f16_to_f32, inline="always")
+def _f16_impl(h):  # type: ignore[no-untyped-def]
+    def f16(h):  # type: ignore[no-untyped-def]
+        h = np.int32(h) & 0xFFFF
+        em = h & 0x7FFF
+        # normal and subnormal: the bits shifted into place, rebiased by a power-of-two product (exact)
+        v = _bits_f32(np.int32(em << 13)) * np.float32(5.192296858534828e33)  # 2^112
+        if em >= 0x7C00:  # Inf/NaN: the all-ones exponent
+            v = _bits_f32(np.int32(0x7F800000 | ((em & 0x3FF) << 13)))
+        return _bits_f32(np.int32(_f32_bits(v) | ((h & 0x8000) << 16)))
+    return f16
+
+
+@overload(_load32, inline="always")
+def _load32_impl(x, i):  # type: ignore[no-untyped-def]
+    dt = x.dtype
+    if dt == types.float32:
+        return lambda x, i: x[i]
+    if dt == types.uint16:  # bfloat16: the upper half of a float32
+        return lambda x, i: _bits_f32(np.int32(np.int32(x[i]) << 16))
+    if dt == types.int16:
+        return lambda x, i: _f16_to_f32(x[i])
+    return None
+
+
+@overload(_load, inline="always")
+def _load_impl(x, i):  # type: ignore[no-untyped-def]
+    if x.dtype == types.float64:
+        return lambda x, i: x[i]
+    return lambda x, i: np.float64(_load32(x, i))
+
+
+def _pair(r, t, i):  # type: ignore[no-untyped-def]
+    """Element ``i`` of both arrays in their work type: float32 when both are 16/32-bit, else float64."""
+    raise NotImplementedError  # numba only
+
+
+@overload(_pair, inline="always")
+def _pair_impl(r, t, i):  # type: ignore[no-untyped-def]
+    if r.dtype == types.float64 or t.dtype == types.float64:
+        return lambda r, t, i: (_load(r, i), _load(t, i))
+    return lambda r, t, i: (_load32(r, i), _load32(t, i))
+
+
+def _bits(v):  # type: ignore[no-untyped-def]
+    raise NotImplementedError  # numba only
+
+
+@overload(_bits, inline="always")
+def _bits_impl(v):  # type: ignore[no-untyped-def]
+    return (lambda v: _f64_bits(v)) if v == types.float64 else (lambda v: _f32_bits(v))
+
+
+def _unbits(b):  # type: ignore[no-untyped-def]
+    raise NotImplementedError  # numba only
+
+
+@overload(_unbits, inline="always")
+def _unbits_impl(b):  # type: ignore[no-untyped-def]
+    return (lambda b: _bits_f64(b)) if b == types.int64 else (lambda b: _bits_f32(b))
+
+
+def _ordered(v):  # type: ignore[no-untyped-def]
+    """The float's bits as an integer in the floats' order (integer min/max vectorize, float ones do not)."""
+    raise NotImplementedError  # numba only
+
+
+@overload(_ordered, inline="always")
+def _ordered_impl(v):  # type: ignore[no-untyped-def]
+    if v == types.float64:
+        def o64(v):  # type: ignore[no-untyped-def]
+            b = _f64_bits(v)
+            return b ^ ((b >> 63) & 0x7FFFFFFFFFFFFFFF)
+        return o64
+
+    def o32(v):  # type: ignore[no-untyped-def]
+        b = _f32_bits(v)
+        return np.int32(b ^ ((b >> 31) & 0x7FFFFFFF))  # numba widens int32 arithmetic: narrow it back
+    return o32
+
+
+def _from_ordered(o):  # type: ignore[no-untyped-def]
+    raise NotImplementedError  # numba only
+
+
+@overload(_from_ordered, inline="always")
+def _from_ordered_impl(o):  # type: ignore[no-untyped-def]
+    if o == types.int64:
+        return lambda o: _bits_f64(o ^ ((o >> 63) & 0x7FFFFFFFFFFFFFFF))
+    return lambda o: _bits_f32(np.int32(o ^ ((o >> 31) & 0x7FFFFFFF)))
+
+
+def _exp_scale(a):  # type: ignore[no-untyped-def]
+    """2^-exponent of a positive normal ``a`` (1 / the power of two at or below it), in its type."""
+    raise NotImplementedError  # numba only
+
+
+@overload(_exp_scale, inline="always")
+def _exp_scale_impl(a):  # type: ignore[no-untyped-def]
+    if a == types.float64:  # a in [2^(E-1023), 2^(E-1022)) -> 2^(1023-E), kept normal for E = 2046
+        return lambda a: _bits_f64((2047 - (_f64_bits(a) >> 52)) << 52) * 0.5
+    return lambda a: _bits_f32(np.int32((255 - (_f32_bits(a) >> 23)) << 23)) * np.float32(0.5)
+
+
+def _hcode(ad):  # type: ignore[no-untyped-def]
+    """Histogram code of |error| ``ad``: 0 for zero, else 1 + (float32 bits >> HIST_SHIFT)."""
+    raise NotImplementedError  # numba only
+
+
+@overload(_hcode, inline="always")
+def _hcode_impl(ad):  # type: ignore[no-untyped-def]
+    def code(ad):  # type: ignore[no-untyped-def]
+        b = _f32_bits(np.float32(ad))
+        return (b >> HIST_SHIFT) + (b != 0)
+    return code
+
+
+def _like(v, x):  # type: ignore[no-untyped-def]
+    """``x`` in the type of ``v``."""
+    raise NotImplementedError  # numba only
+
+
+@overload(_like, inline="always")
+def _like_impl(v, x):  # type: ignore[no-untyped-def]
+    return (lambda v, x: np.float64(x)) if v == types.float64 else (lambda v, x: np.float32(x))
+
+
+# -- statistics -------------------------------------------------------------------------------------
+@numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, error_model="numpy")
+def _stats_kernel(x: Any, out: Any) -> None:  # pragma: no cover - compiled
+    """Block sums in the work type (float32 for 16/32-bit arrays, at most BLOCK elements), float64
+    across blocks; a block with NaN/Inf, or whose float32 squares overflow, is redone in float64."""
+    n = x.shape[0]
+    s, q = 0.0, 0.0
+    lo, hi = np.inf, -np.inf
+    nan = inf = zeros = count = 0
+    for b in range(0, n, BLOCK):
+        e = min(b + BLOCK, n)
+        xb = x[b:e]  # indices from 0: no negative-index wrap, so contiguous vector loads
+        v0 = _pair(xb, xb, 0)[0]
+        zero = _like(v0, 0.0)
+        bs = bq = chk = zero
+        bl = bh = _ordered(v0)
+        bz = 0
+        for i in range(e - b):
+            v = _pair(xb, xb, i)[0]
+            bs += v
+            bq += v * v
+            o = _ordered(v)
+            bl = min(bl, o)
+            bh = max(bh, o)
+            bz += v == zero
+            chk += v * zero
+        if chk == 0 and bq < np.inf:
+            s += np.float64(bs)
+            q += np.float64(bq)
+            lo = min(lo, np.float64(_from_ordered(bl)))
+            hi = max(hi, np.float64(_from_ordered(bh)))
+            zeros += bz
+            count += e - b
+            continue
+        for i in range(b, e):  # NaN/Inf in this block: float64, over the finite values
+            v = _load(x, i)
+            if v != v:
+                nan += 1
+            elif v == np.inf or v == -np.inf:
+                inf += 1
+            else:
+                s += v
+                q += v * v
+                lo = min(lo, v)
+                hi = max(hi, v)
+                zeros += v == 0.0
+                count += 1
+    out[0], out[1], out[2], out[3] = lo, hi, s, q
+    out[4], out[5], out[6], out[7] = nan, inf, zeros, count
+
+
+def tensor_stats(x: np.ndarray, threads: int = 1) -> np.ndarray:
+    """``[lo, hi, sum, sumsq, nan, inf, zeros, finite]`` (float64) of a flat kernel array: min, max
+    and the sums over the finite values, in one pass (two for blocks holding NaN/Inf). ``threads``
+    > 1 splits large arrays."""
+    out = np.empty(N_STATS, np.float64)
+    parts = _parts(x.shape[0], threads)
+    if len(parts) == 1:
+        _stats_kernel(x, out)
+        return out
+    rows = np.empty((len(parts), N_STATS), np.float64)
+    list(_pool().map(lambda p: _stats_kernel(x[p[1]:p[2]], rows[p[0]]), parts))
+    out[0], out[1] = rows[:, 0].min(), rows[:, 1].max()
+    out[2:] = rows[:, 2:].sum(axis=0)  # fixed order: the parts' order
+    return out
+
+
+#: :func:`stats_row` layout: these fields, then the sample (zero-padded to the row's length).
+ROW_FIELDS = ("numel", "min", "max", "mean", "std", "l2", "absmax", "nan", "inf", "zeros")
+_N_ROW = len(ROW_FIELDS)
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def _finish_row(x: Any, idx: Any, head: Any, cancel: float, out: Any) -> None:  # pragma: no cover - compiled
+    """The statistics row from :func:`_stats_kernel`'s ``head``: std from the two sums, or from a
+    centred second pass when ``var <= cancel * mean^2`` (the one-pass form lost its digits)."""
+    lo, hi, s, q = head[0], head[1], head[2], head[3]
+    count = head[7]
+    c = max(count, 1.0)
+    mean = s / c
+    var = max(q / c - mean * mean, 0.0)
+    if count > 0 and var <= cancel * mean * mean:
+        acc = 0.0
+        for i in range(x.shape[0]):
+            v = _load(x, i)
+            if v - v == 0.0:  # finite
+                acc += (v - mean) * (v - mean)
+        var = acc / c
+    out[0] = x.shape[0]
+    out[1], out[2], out[3], out[4], out[5] = lo, hi, mean, np.sqrt(var), np.sqrt(q)
+    out[6] = max(-lo, hi)
+    out[7], out[8], out[9] = head[4], head[5], head[6]
+    k = idx.shape[0]
+    for j in range(k):
+        out[_N_ROW + j] = _load(x, idx[j])
+    for j in range(_N_ROW + k, out.shape[0]):
+        out[j] = 0.0
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def _row(x: Any, idx: Any, cancel: float, out: Any) -> None:  # pragma: no cover - compiled
+    head = np.empty(N_STATS, np.float64)
+    _stats_kernel(x, head)
+    _finish_row(x, idx, head, cancel, out)
+
+
+@intrinsic
+def _voidptr(typingctx: Any, addr: Any) -> Any:
+    """An integer address as a ``void*`` (for ``numba.carray``)."""
+    if not isinstance(addr, types.Integer):
+        return None
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.inttoptr(args[0], ir.IntType(8).as_pointer())
+
+    return types.voidptr(addr), codegen
+
+
+def _row_at(dtype: Any) -> Any:
+    @numba.njit(nogil=True, cache=True)
+    def row_at(addr: int, n: int, idx_addr: int, k: int, cancel: float, out: Any) -> None:  # pragma: no cover
+        _row(numba.carray(_voidptr(addr), n, dtype), numba.carray(_voidptr(idx_addr), k, np.int64), cancel, out)
+
+    return row_at
+
+
+_row_f32 = _row_at(np.float32)
+_row_f64 = _row_at(np.float64)
+_row_bf16 = _row_at(np.uint16)
+_row_f16 = _row_at(np.int16)
+#: ``stats_row_at``'s function per dtype name of the values at the address
+ROW_AT = {"float32": _row_f32, "float64": _row_f64, "bfloat16": _row_bf16, "float16": _row_f16}
+#: ``var <= CANCEL * mean^2``: the one-pass variance has lost most of its digits (~1e4 ulp of the work type)
+CANCEL = {"float32": 1e4 * 2.0**-23, "bfloat16": 1e4 * 2.0**-23, "float16": 1e4 * 2.0**-23, "float64": 1e4 * 2.0**-52}
+
+
+def stats_row(x: np.ndarray, idx: np.ndarray, dtype: str, length: int, threads: int = 1) -> np.ndarray:
+    """The statistics row (:data:`ROW_FIELDS`, then ``x[idx]`` zero-padded to ``length``) of a flat
+    kernel array whose values are of ``dtype`` (``float32``, ``float64``, ``bfloat16``, ``float16``)."""
+    out = np.empty(length, np.float64)
+    if threads > 1 and x.shape[0] >= PARALLEL_MIN:
+        _finish_row(x, idx, tensor_stats(x, threads), CANCEL[dtype], out)
+    else:
+        _row(x, idx, CANCEL[dtype], out)
+    return out
+
+
+# -- error distribution -----------------------------------------------------------------------------
+_SQ_UNDERFLOW = 2.0**-100  # a float32 block's sum of r^2 in (0, this): squares near float32's tiny
+_ERR_UNDERFLOW = 2.0**-60  # a float32 block's largest |t - r| in (0, this): its square underflows
+
+
+@numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, error_model="numpy")
+def _error_kernel(r: Any, t: Any, guard: float, tiny: float, one_ulp: float, th0: float, th1: float, th2: float,
+                  acc: Any, hist: Any) -> None:  # pragma: no cover - compiled
+    """Add the errors of ``t`` against ``r`` to ``acc`` (see :data:`ACC_FIELDS`; ULP distances are
+    scaled by 2^-mantissa bits, ``one_ulp``) and ``hist`` (counts by :func:`_hcode`).
+
+    Element work is done in the pair's work type (float32 when both arrays are 16/32-bit: a float32
+    difference is correctly rounded, as the float64 one rounded to float32 would be), block sums
+    likewise over at most BLOCK elements, float64 across blocks. A block with NaN/Inf, with a
+    float32 overflow or with squares near float32's underflow is redone in float64.
+    """
+    n = r.shape[0]
+    if n == 0:
+        return
+    codes = np.empty(BLOCK, np.int32)
+    sub = np.zeros((4, N_CODES), np.int64)  # four interleaved histograms: no store-forwarding stalls
+    s_abs = s_err = s_sq = s_ref = s_dr = s_rel = s_ulp = 0.0
+    m_abs = m_rel = m_ulp = 0.0
+    over_ulp = o0 = o1 = o2 = 0
+    finite = exact = nan_mm = inf_mm = nan_rf = 0
+    zero = _like(_pair(r, t, 0)[0], 0.0)
+    guard_w = _like(zero, max(guard, 2.0**-126))
+    tiny_w = _like(zero, max(tiny, 2.0**-126))
+    one_w = _like(zero, one_ulp)
+    th0_w, th1_w, th2_w = _like(zero, th0), _like(zero, th1), _like(zero, th2)
+    zbits = _bits(zero)
+    for b in range(0, n, BLOCK):
+        e = min(b + BLOCK, n)
+        ba = be = bq = br = bd = brel = bu = chk = zero
+        ma = mr = mu = zbits  # bits of non-negative values: integer maxima vectorize
+        bo = c0 = c1 = c2 = 0
+        rb, tb = r[b:e], t[b:e]  # indices from 0: no negative-index wrap, so contiguous vector loads
+        for i in range(e - b):
+            rv, tv = _pair(rb, tb, i)
+            chk += rv * zero + tv * zero  # NaN when either value is NaN or Inf
+            d = tv - rv
+            ad = abs(d)
+            ar = abs(rv)
+            rel = ad / max(ar, guard_w)
+            ulps = ad * _exp_scale(max(ar, tiny_w))
+            be += d
+            ba += ad
+            bq += d * d
+            br += rv * rv
+            bd += d * rv
+            brel += rel
+            bu += ulps
+            ma = max(ma, _bits(ad))
+            mr = max(mr, _bits(rel))
+            mu = max(mu, _bits(ulps))
+            bo += ulps > one_w
+            c0 += rel > th0_w
+            c1 += rel > th1_w
+            c2 += rel > th2_w
+            codes[i] = _hcode(ad)
+        top = np.float64(_unbits(ma))
+        if (chk == 0 and bq + br + brel + bu < np.inf and not 0 < br < _SQ_UNDERFLOW
+                and not 0 < top < _ERR_UNDERFLOW):
+            s_abs += np.float64(ba)
+            s_err += np.float64(be)
+            s_sq += np.float64(bq)
+            s_ref += np.float64(br)
+            s_dr += np.float64(bd)
+            s_rel += np.float64(brel)
+            s_ulp += np.float64(bu)
+            m_abs = max(m_abs, top)
+            m_rel = max(m_rel, np.float64(_unbits(mr)))
+            m_ulp = max(m_ulp, np.float64(_unbits(mu)))
+            over_ulp += bo
+            o0 += c0
+            o1 += c1
+            o2 += c2
+            finite += e - b
+            m = e - b
+            j = 0
+            while j + 4 <= m:
+                sub[0, codes[j]] += 1
+                sub[1, codes[j + 1]] += 1
+                sub[2, codes[j + 2]] += 1
+                sub[3, codes[j + 3]] += 1
+                j += 4
+            while j < m:
+                sub[0, codes[j]] += 1
+                j += 1
+            continue
+        for i in range(b, e):  # float64, element by element, with NaN/Inf bookkeeping
+            rv = _load(r, i)
+            tv = _load(t, i)
+            rn, tn = rv != rv, tv != tv
+            ri = rv == np.inf or rv == -np.inf
+            ti = tv == np.inf or tv == -np.inf
+            nan_mm += rn != tn
+            nan_rf += tn and not rn and not ri
+            inf_mm += (ri != ti) or (ri and ti and rv != tv)
+            if rn or tn or ri or ti:
+                exact += (rn and tn) or rv == tv
+                continue
+            finite += 1
+            d = tv - rv
+            ad = abs(d)
+            ar = abs(rv)
+            rel = ad / max(ar, guard)
+            ulps = ad * _exp_scale(max(ar, tiny))
+            s_err += d
+            s_abs += ad
+            s_sq += d * d
+            s_ref += rv * rv
+            s_dr += d * rv
+            s_rel += rel
+            s_ulp += ulps
+            m_abs = max(m_abs, ad)
+            m_rel = max(m_rel, rel)
+            m_ulp = max(m_ulp, ulps)
+            over_ulp += ulps > one_ulp
+            o0 += rel > th0
+            o1 += rel > th1
+            o2 += rel > th2
+            sub[0, _hcode(ad)] += 1
+    acc[0] += n
+    acc[1] += finite
+    acc[2] += exact
+    acc[3] += nan_mm
+    acc[4] += inf_mm
+    acc[5] += nan_rf
+    acc[6] += s_abs
+    acc[7] += s_err
+    acc[8] += s_sq
+    acc[9] += s_ref
+    acc[10] += s_dr
+    acc[11] += s_rel
+    acc[12] += s_ulp
+    acc[13] = max(acc[13], m_abs)
+    acc[14] = max(acc[14], m_rel)
+    acc[15] = max(acc[15], m_ulp)
+    acc[16] += over_ulp
+    acc[17] += o0
+    acc[18] += o1
+    acc[19] += o2
+    for c in range(N_CODES):
+        hist[c] += sub[0, c] + sub[1, c] + sub[2, c] + sub[3, c]
+
+
+class ErrorAccumulator:
+    """Running error sums, maxima, counts and histogram codes of one pair, fed chunk by chunk.
+
+    ``guard``: the floor of ``|r|`` in relative errors; ``tiny``, ``mant``: the target dtype's
+    smallest normal and mantissa bits (ULP distances); ``thresholds``: the three relative-error
+    levels whose exceedances are counted."""
+
+    def __init__(self, guard: float, tiny: float, mant: int, thresholds: tuple[float, float, float]) -> None:
+        self.acc = np.zeros(len(ACC_FIELDS), np.float64)
+        self.hist = np.zeros(N_CODES, np.int64)
+        self.mant = mant  # ULP sums and maxima are kept scaled by 2^-mant
+        self.args = (float(guard), float(tiny), float(2.0**-mant), *map(float, thresholds))
+
+    def add(self, r: np.ndarray, t: np.ndarray, threads: int = 1) -> None:
+        """Add a pair of equally long flat kernel arrays."""
+        parts = _parts(r.shape[0], threads)
+        if len(parts) == 1:
+            _error_kernel(r, t, *self.args, self.acc, self.hist)
+            return
+        accs = np.zeros((len(parts), len(ACC_FIELDS)), np.float64)
+        hists = np.zeros((len(parts), N_CODES), np.int64)
+        list(_pool().map(lambda p: _error_kernel(r[p[1]:p[2]], t[p[1]:p[2]], *self.args, accs[p[0]], hists[p[0]]),
+                         parts))
+        for row, h in zip(accs, hists, strict=True):  # fixed order: the parts' order
+            maxima = np.maximum(self.acc[list(_MAX_FIELDS)], row[list(_MAX_FIELDS)])
+            self.acc += row
+            self.acc[list(_MAX_FIELDS)] = maxima
+            self.hist += h
+
+    def get(self, name: str) -> float:
+        return float(self.acc[A[name]])
+
+
+# -- encodings and threads --------------------------------------------------------------------------
+#: numpy dtype a kernel reads for each stored dtype name (bundle tags and torch/numpy names).
+_WORDS = {"bfloat16": np.uint16, "BF16": np.uint16, "float16": np.int16, "F16": np.int16}
+
+
+def kernel_array(x: np.ndarray, dtype: str | None = None) -> np.ndarray | None:
+    """A flat contiguous view of ``x`` in a kernel encoding, or None when it has none (FP8, ints).
+
+    ``dtype``: the values' dtype name when ``x`` holds raw words (``bfloat16``/``BF16`` as uint16
+    or int16 words); numpy float16 arrays are viewed as their int16 words."""
+    flat = x.reshape(-1)
+    if dtype in _WORDS:
+        return np.ascontiguousarray(flat).view(_WORDS[dtype])
+    if flat.dtype == np.float16:
+        return np.ascontiguousarray(flat).view(np.int16)
+    if flat.dtype in (np.float32, np.float64):
+        return np.ascontiguousarray(flat)
+    return None
+
+
+@functools.cache
+def default_threads() -> int:
+    """Threads for large arrays: the CPUs this process may run on (at start), at most 8."""
+    try:
+        return max(1, min(len(os.sched_getaffinity(0)), 8))
+    except AttributeError:  # not on Linux
+        return max(1, min(os.cpu_count() or 1, 8))
+
+
+def _parts(n: int, threads: int) -> list[tuple[int, int, int]]:
+    """(index, start, stop) of each thread's part: BLOCK-aligned, one part below PARALLEL_MIN."""
+    k = max(1, min(threads, n // (PARALLEL_MIN // 2))) if n >= PARALLEL_MIN else 1
+    if k == 1:
+        return [(0, 0, n)]
+    step = -(-n // k)
+    step = -(-step // BLOCK) * BLOCK
+    return [(i, s, min(s + step, n)) for i, s in enumerate(range(0, n, step))]
+
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        with _POOL_LOCK:
+            if _POOL is None:
+                _POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="opband-fused")
+    return _POOL
+
+
+def warm_up(errors: bool = False) -> None:
+    """Compile (or load from numba's cache) the statistics kernels for every encoding, and with
+    ``errors`` the error kernel for same-typed pairs, outside a hot loop."""
+    idx = np.zeros(1, np.int64)
+    out = np.empty(_N_ROW + 1)
+    for fn in ROW_AT.values():
+        fn(idx.ctypes.data, 1, idx.ctypes.data, 1, 0.0, out)
+    if errors:
+        acc = ErrorAccumulator(2.0**-126, 2.0**-126, 23, (1e-4, 1e-3, 5e-3))
+        for dt in (np.float32, np.float64, np.uint16, np.int16):
+            z = np.zeros(1, dt)
+            acc.add(z, z)

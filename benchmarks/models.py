@@ -1,0 +1,39 @@
+"""Models the benchmarks time: ``transformers`` Llama-style decoders with random weights (no download).
+
+``llama-small`` (4 layers, width 256, 256 tokens: ~20 ms per forward on one core, ~400 ATen ops
+that move numbers, most of them small) shows per-op fixed costs; ``llama-mid`` (4 layers, width
+768, 128 tokens: ~100 ms) is a real size, where the statistics' memory traffic and the write
+dominate. ``demo`` is ``hooks.demo_model.build_large``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+SIZES: dict[str, dict[str, int]] = {
+    "llama-small": {"vocab_size": 1000, "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4,
+                    "num_attention_heads": 4, "seq": 256},
+    "llama-mid": {"vocab_size": 4000, "hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 4,
+                  "num_attention_heads": 12, "seq": 128},
+}
+MODELS = ("demo", *SIZES)
+
+
+def build(name: str, seed: int = 0) -> tuple[torch.nn.Module, tuple[Any, ...]]:
+    """``(model, (inputs,))`` in eval mode; Llama weights are random (seeded), attention is eager."""
+    if name == "demo":
+        from hooks import demo_model
+
+        return demo_model.build_large()
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    size = dict(SIZES[name])
+    seq = size.pop("seq")
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(**size, num_key_value_heads=size["num_attention_heads"], max_position_embeddings=2 * seq,
+                      attn_implementation="eager")
+    model = LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, cfg.vocab_size, (1, seq), generator=torch.Generator().manual_seed(seed))
+    return model, (ids,)
