@@ -186,9 +186,20 @@ def run_title(side: dict[str, Any]) -> str:
     return f"{run['label']} ({inner})" if run.get("label") else (f"{target} ({where})" if target else where)
 
 
-def text_renderables(report: ComparisonReport, limit: int | None = 20) -> list[Any]:
-    """The terminal report as rich renderables: the table worst first, then the PASSED/FAILED lines
-    (never wrapped). Print them on a console that knows the terminal's width and colours."""
+#: the metric columns a narrow terminal (under ``WIDE`` columns) keeps
+NARROW_METRICS = ("norm_l2",)
+WIDE = 150
+
+
+def table_metrics(width: int | None) -> tuple[str, ...]:
+    """The metric columns for a console ``width`` wide (None: not a terminal, every column)."""
+    return NARROW_METRICS if width is not None and width < WIDE else TABLE_METRICS
+
+
+def text_renderables(report: ComparisonReport, limit: int | None = 20,
+                     metrics: tuple[str, ...] = TABLE_METRICS) -> list[Any]:
+    """The terminal report as rich renderables: the table worst first (with ``metrics`` columns),
+    then the PASSED/FAILED lines (never wrapped). Print them on a console that knows the terminal."""
     from rich.table import Table
     from rich.text import Text
 
@@ -197,17 +208,17 @@ def text_renderables(report: ComparisonReport, limit: int | None = 20) -> list[A
     table.add_column("verdict", no_wrap=True)
     table.add_column("op key", overflow="fold")
     table.add_column("input shapes", overflow="fold")
-    table.add_column("dtype")
-    for name in TABLE_METRICS:
-        table.add_column(name, justify="right")
-    table.add_column(THRESHOLD, justify="right")
+    table.add_column("dtype", no_wrap=True)
+    for name in metrics:
+        table.add_column(name, justify="right", no_wrap=True)
+    table.add_column(THRESHOLD, justify="right", no_wrap=True)
     rows = report.worst_first()
     for o in rows[:limit] if limit else rows:
         verdict = Text(o.verdict.upper() + (" (inherited)" if o.inherited else ""),
                        style="" if o.inherited else VERDICT_STYLE.get(o.verdict, ""))
-        cells = [fmt(_metric(o, m)) for m in TABLE_METRICS]
-        if o.metrics is not None and not o.metrics.finite_outcome:  # the metrics cover the finite part only
-            cells[0] = "NaN/Inf"
+        cells = [fmt(_metric(o, m)) for m in metrics]
+        if o.metrics is not None and not o.metrics.finite_outcome and metrics[0] == "norm_l2":
+            cells[0] = "NaN/Inf"  # the metrics cover the finite part only
         table.add_row(verdict, o.id, o.shape_signature, o.dtype, *cells, fmt(limit_of(o)))
     lines = [f"... {len(rows) - limit} more ops (use --json or --html for all)"] if limit and len(rows) > limit else []
     lines += local_failures(report) + headline(report).splitlines()

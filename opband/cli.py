@@ -166,8 +166,8 @@ def compare(
     from accuracy.budgets import BudgetPolicy
     from accuracy.bundle import Bundle
     from accuracy.errors import OpbandError
-    from accuracy.report import print_renderables, text_renderables, to_html, to_json, to_markdown
     from accuracy.ranks import compare_ranks, is_rank_set
+    from accuracy.report import print_renderables, table_metrics, text_renderables, to_html, to_json, to_markdown
     from opband.terminal import console, progress
 
     if is_rank_set(reference) or is_rank_set(target):  # multi-rank runs: pair bundles by rank
@@ -195,7 +195,9 @@ def compare(
                                       progress=lambda done, total: update(done, total))
     except (OpbandError, OSError, ValueError) as e:
         _fail(str(e))
-    print_renderables(console(), text_renderables(report, limit=limit))
+    out = console()
+    print_renderables(out, text_renderables(report, limit=limit,
+                                            metrics=table_metrics(out.width if out.is_terminal else None)))
     for out, render in ((json_out, to_json), (markdown, to_markdown), (html, to_html)):
         if out:
             write_report(out, render(report))
@@ -208,6 +210,15 @@ def write_report(path: Path, text: str) -> None:
         path.write_text(text)
     except OSError as e:
         _fail(f"cannot write {path}: {e.strerror or e}; check that its folder exists and is writable")
+
+
+def _narrow_terminal() -> bool:
+    """stdout is a terminal narrower than a full table needs."""
+    from accuracy.report import WIDE
+    from opband.terminal import console
+
+    out = console()
+    return out.is_terminal and out.width < WIDE
 
 
 def _names(label: str | None, target: str | None, tags: list[str] | None):  # type: ignore[no-untyped-def]
@@ -306,6 +317,10 @@ def upload(
     except (ClientError, OSError) as e:
         _fail(str(e))
     typer.echo(json.dumps(row, indent=2))
+    if (names.target and row.get("target") != names.target) or (names.label and row.get("label") != names.label):
+        typer.echo(f"note: these bytes were uploaded before (bundle {row['id']}, target {row.get('target')}, label "
+                   f"{row.get('label')}); the same bytes are the same run, so the names given now are not applied",
+                   err=True)
 
 
 @app.command()
@@ -336,7 +351,7 @@ def gate(
     try:
         code = run_gate(server, project, reference, target, token=token, mode=mode.value, timeout=timeout,
                         junit=junit, markdown=markdown, echo=typer.echo, names=_names(label, target_name, tags),
-                        show=lambda items: print_renderables(console(), items))
+                        show=lambda items: print_renderables(console(), items), narrow=_narrow_terminal())
     except ClientError as e:
         typer.echo(f"error: {e}", err=True)
         code = EXIT_ERROR

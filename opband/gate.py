@@ -27,22 +27,27 @@ def gate_title(c: dict[str, Any]) -> str:
             + (f" vs {run_name(c['reference_run'])}" if c.get("reference_run") else ""))
 
 
-def gate_renderables(comparison: dict[str, Any], ops: list[dict[str, Any]], limit: int = 20) -> list[Any]:
-    """Worst ops as a table, then PASSED/FAILED lines CI logs can grep (never wrapped)."""
+GATE_METRICS = ("norm_l2", "max_abs", "cosine")
+
+
+def gate_renderables(comparison: dict[str, Any], ops: list[dict[str, Any]], limit: int = 20,
+                     metrics: tuple[str, ...] = GATE_METRICS) -> list[Any]:
+    """Worst ops as a table (with ``metrics`` columns), then PASSED/FAILED lines CI logs can grep
+    (never wrapped)."""
     from rich.table import Table
     from rich.text import Text
 
     table = Table(title=gate_title(comparison))
-    numeric = ("norm_l2", "max_abs", "cosine", THRESHOLD)
+    numeric = (*metrics, THRESHOLD)
     for col in ("verdict", "op key", "input shapes", "dtype", *numeric):
-        table.add_column(col, overflow="fold", no_wrap=col == "verdict", justify="right" if col in numeric else "left")
+        table.add_column(col, overflow="fold", no_wrap=col in ("verdict", "dtype", *numeric),
+                         justify="right" if col in numeric else "left")
     for o in ops[:limit]:
         budget = (o.get("budget") or {}).get("norm_l2")
         verdict = Text(o["verdict"].upper() + (" (inherited)" if o["inherited"] else ""),
                        style="" if o["inherited"] else VERDICT_STYLE.get(o["verdict"], ""))
-        table.add_row(verdict, o["key"], o["shape_signature"], o["dtype"],
-                      "NaN/Inf" if o.get("nonfinite") else fmt(o["norm_l2"]), fmt(o["max_abs"]), fmt(o["cosine"]),
-                      fmt(budget))
+        values = ["NaN/Inf" if m == "norm_l2" and o.get("nonfinite") else fmt(o.get(m)) for m in metrics]
+        table.add_row(verdict, o["key"], o["shape_signature"], o["dtype"], *values, fmt(budget))
     return [table, *(Text(line, no_wrap=True, overflow="ignore") for line in gate_headline(comparison).splitlines())]
 
 
@@ -145,10 +150,12 @@ def _cell(text: str) -> str:
 def run_gate(server: str, project: str, reference: Path, target: Path, *, token: str | None = None,
              mode: str = "propagated", timeout: float = 600.0, junit: Path | None = None,
              markdown: Path | None = None, echo: Any = print, echo_err: Any = None,
-             names: RunNames | None = None, show: Callable[[list[Any]], None] | None = None) -> int:
+             names: RunNames | None = None, show: Callable[[list[Any]], None] | None = None,
+             narrow: bool = False) -> int:
     """Upload both bundles, compare, print the worst ops and the dashboard link; return the exit code
     (errors go to ``echo_err``, default stderr). ``names`` (label, target name, tags) name the target run;
-    ``show`` prints the table's renderables on a terminal (default: ``echo`` of plain text).
+    ``show`` prints the table's renderables on a terminal (default: ``echo`` of plain text), with
+    ``narrow`` only the norm_l2 metric column.
     With ``$GITHUB_STEP_SUMMARY`` set, the Markdown summary is appended to that file too."""
     import sys
 
@@ -158,19 +165,19 @@ def run_gate(server: str, project: str, reference: Path, target: Path, *, token:
         ref = _upload(client, project, reference, None)
         tgt = _upload(client, project, target, names)
         created = client.create_comparison(project, ref["id"], tgt["id"], mode)
-        with progress(f"comparison {created['id'][:8]} on the server") as update:
+        with progress(f"comparison {created['id'][:8]} on the server", unit="status") as update:
             c = client.wait(created["id"], timeout, on_poll=lambda row: update(status=row["status"]))
         if c["status"] == "failed":
             echo(f"FAILED | comparison {c['id']} could not run: {c['error']}")
             return EXIT_ERROR
-        with progress("fetching op results") as update:
+        with progress("fetching op results", unit="ops") as update:
             ops = all_ops(client, c["id"], on_page=lambda got, count: update(got, count))
         accepted = accepted_failures(client, project, c, ops) if c["verdict"] == "fail" else None
     finally:
         client.close()
     link = dashboard_link(server, c["id"])
     if show is not None:
-        show(gate_renderables(c, ops))
+        show(gate_renderables(c, ops, metrics=("norm_l2",) if narrow else GATE_METRICS))
     else:
         echo(gate_table(c, ops))
     echo(f"dashboard: {link}")

@@ -39,14 +39,15 @@ def _noop(*_args: object, **_kwargs: object) -> None:
 def progress(description: str, total: float | None = None, *, unit: str = "items") -> Iterator[Update]:
     """A progress bar on stderr while the block runs, only when stderr is a terminal (else a no-op).
 
-    ``unit="bytes"`` shows sizes and speed; ``total=None`` shows a spinner with the elapsed time and
-    the latest ``status`` (e.g. a server-side job's state).
+    ``unit="bytes"`` shows sizes and speed; ``unit="status"`` a spinner with the elapsed time and the
+    latest ``status`` (e.g. a server-side job's state); otherwise a bar of ``unit`` (pulsing until the
+    total is known).
     """
     err = Console(stderr=True)
     if not err.is_terminal:
         yield _noop
         return
-    if total is None:
+    if unit == "status":
         columns = [SpinnerColumn(), TextColumn("{task.description}"), TextColumn("[dim]{task.fields[status]}"),
                    TimeElapsedColumn()]
     elif unit == "bytes":

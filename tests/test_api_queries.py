@@ -214,9 +214,10 @@ def test_non_finite_failures_sort_first_and_regressions_name_their_target(live_s
         assert by_severity[0]["key"] == "m.l7/aten.mm#0"
         reverse = ops_of(c, cmp["id"], order="asc")
         assert [o["key"] for o in reverse] == [o["key"] for o in worst][::-1]
-        drift = c.get("/api/v1/projects/n/drift", params={"series": 1}).json()
-        assert drift[0]["key"] == "m.l7/aten.mm#0", "the worst series is the NaN one"
-        sev = c.get("/api/v1/projects/n/drift", params={"series": 1, "metric": "severity"}).json()
+        drift = c.get("/api/v1/projects/n/drift", params={"series": 2}).json()
+        # the open regression / first divergence first, then the worst series: the NaN one
+        assert [d["key"] for d in drift] == ["m.l1/aten.mm#0", "m.l7/aten.mm#0"]
+        sev = c.get("/api/v1/projects/n/drift", params={"key": "m.l7/*", "metric": "severity"}).json()
         assert sev[0]["points"][0]["value"] is None and sev[0]["points"][0]["verdict"] == "fail"  # a gap, not 1e300
         assert [o["key"] for o in ops_of(c, cmp["id"], metric="severity", min="inf")] == ["m.l7/aten.mm#0"]
 

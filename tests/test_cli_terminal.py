@@ -87,7 +87,8 @@ def test_budgets_file_in_each_format(fmt: str, bundles: dict[str, Path], tmp_pat
     path = tmp_path / f"budgets.{fmt}"
     path.write_text(BUDGETS[fmt])
     ref, tgt = str(bundles["ref"]), str(bundles["tgt"])
-    assert opband("compare", ref, tgt).returncode == 1
+    if fmt == "toml":  # without the override the noise fails (checked once)
+        assert opband("compare", ref, tgt).returncode == 1
     r = opband("compare", ref, tgt, "--budgets", str(path), "--json", str(tmp_path / "r.json"))
     assert r.returncode == 0, r.stdout + r.stderr
     noisy = next(o for o in json.loads((tmp_path / "r.json").read_text())["ops"] if o["key"] == "m.l1/aten.mm#0")
@@ -172,6 +173,7 @@ def test_progress_and_colour_on_a_terminal(bundles: dict[str, Path]) -> None:
     assert table and max(len(line.rstrip("\r")) for line in table) <= 100  # the terminal's width
 
 
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)  # the database is incidental here
 def test_gate_reports_for_ci(live_server: LiveServer, bundles: dict[str, Path], tmp_path: Path) -> None:
     """Step summary (Markdown, appended), the dashboard permalink, and JUnit with one failing
     testcase per root cause whose details list the inherited failures."""
@@ -201,6 +203,7 @@ def test_gate_reports_for_ci(live_server: LiveServer, bundles: dict[str, Path], 
     assert "m.l3/aten.mm#0" not in names and f"{LONG}/aten.mm#0" in names
 
 
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_gate_progress_on_a_terminal(live_server: LiveServer, bundles: dict[str, Path]) -> None:
     code, out = opband_on_a_tty("gate", "--server", live_server.url, "--project", "tty", "--reference",
                                 str(bundles["ref"]), "--target", str(bundles["tgt"]))

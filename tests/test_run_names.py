@@ -108,9 +108,10 @@ def test_series_and_regressions_are_kept_per_target_name(live_server: LiveServer
         assert targets["fp32@cpu"]["latest_comparison_id"] is None
         bad = c.post("/api/v1/projects/p/bundles", params={"target": "has space"}, content=b"x")
         assert bad.status_code == 422 and "ascend-910b/bf16" in bad.json()["detail"]
+    _names_from_the_manifest_and_upload_overrides(live_server, tmp_path)  # on the same server (one start less)
 
 
-def test_names_from_the_manifest_and_upload_overrides(live_server: LiveServer, tmp_path: Path) -> None:
+def _names_from_the_manifest_and_upload_overrides(live_server: LiveServer, tmp_path: Path) -> None:
     """capture -> upload: the manifest's names land in the database; upload flags override them."""
     named = write_bundle(tmp_path / "named.bundle", OPS, target=True, variant="bf16", run={
         "label": "cap", "target": "npu/bf16", "tags": {"branch": "dev", "driver": "24.1"}})
@@ -118,8 +119,10 @@ def test_names_from_the_manifest_and_upload_overrides(live_server: LiveServer, t
     assert (row["label"], row["target"], row["tags"]) == ("cap", "npu/bf16", {"branch": "dev", "driver": "24.1"})
     other = tmp_path / "other.bundle"
     other.write_bytes(named.read_bytes() + b"")  # same bytes: same row, whatever the flags say
-    again = _upload(live_server, other, "--target", "elsewhere/bf16")
-    assert again["id"] == row["id"] and again["target"] == "npu/bf16"
+    r = opband("upload", str(other), "--server", live_server.url, "--project", "p", "--target", "elsewhere/bf16")
+    again = json.loads(r.stdout)
+    assert r.returncode == 0 and again["id"] == row["id"] and again["target"] == "npu/bf16"
+    assert "uploaded before" in r.stderr and "names given now are not applied" in r.stderr
     path2 = write_bundle(tmp_path / "t2.bundle", OPS, target=True, variant="bf16", environment={"host": "t2"})
     row2 = _upload(live_server, path2, "--label", "up", "--target", "npu/bf16", "--tag", "driver=25")
     assert (row2["label"], row2["target"], row2["tags"]) == ("up", "npu/bf16", {"driver": "25"})
