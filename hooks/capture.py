@@ -122,7 +122,10 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
             finally:
                 rec.busy = False
 
-        self._input_hook = self.model.register_forward_pre_hook(first_call, with_kwargs=True)
+        try:
+            self._input_hook = self.model.register_forward_pre_hook(first_call, with_kwargs=True)
+        except Exception as e:  # noqa: BLE001 - e.g. a scripted module: no input fingerprints, the capture goes on
+            rec.diagnose(None, f"input fingerprints: {type(e).__name__}: {e}")
 
     def step(self) -> int:
         """Mark the end of one training/inference step; returns the number of the next step."""
