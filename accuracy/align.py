@@ -28,6 +28,9 @@ from accuracy.manifest import Record
 TRANSPARENT = frozenset({
     "aten._to_copy", "aten.to", "aten.copy", "aten.copy_", "aten.clone", "aten.contiguous", "aten._unsafe_view",
     "aten.lift_fresh", "aten.lift_fresh_copy", "aten.detach", "aten.alias",
+    # the same at the api level (``--level api``, msprobe's L1/mix): dtype casts, copies, layout changes
+    "torch.Tensor.to", "torch.Tensor.float", "torch.Tensor.half", "torch.Tensor.bfloat16", "torch.Tensor.double",
+    "torch.Tensor.type_as", "torch.Tensor.type", "torch.Tensor.contiguous", "torch.Tensor.clone", "torch.Tensor.detach",
 })
 
 

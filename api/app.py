@@ -21,6 +21,7 @@ from api.errors import Forbidden, ServiceError, outage
 from api.limits import BodyLimit
 from api.middleware import RequestLog
 from api.observability import JobsByStatus, configure_logging
+from api.routes.admin import router as admin_router
 from api.routes.core import router
 from api.routes.coverage import router as coverage_router
 from api.routes.dashboard import router as dashboard_router
@@ -86,7 +87,7 @@ def create_app(settings: Settings | None = None, *, start_workers: bool = True) 
 
     app = FastAPI(title="opband", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Operator-level numerical accuracy regression service")
-    for api_router in (router, review_router, coverage_router, dashboard_router):
+    for api_router in (router, review_router, coverage_router, dashboard_router, admin_router):
         app.include_router(api_router, prefix="/api/v1", responses=ERROR_RESPONSES)
     app.include_router(docs_router)  # /docs and /redoc, assets from an installed package
     app.add_middleware(BodyLimit, max_bytes=settings.max_json_bytes)

@@ -37,6 +37,9 @@ class Settings(BaseSettings):
     workers: int = Field(default=2, ge=0, description="in-process comparison workers (queue=embedded; 0 = none)")
     job_lease_seconds: int = Field(default=600, ge=5, description="a running job not renewed in this time is retried")
     max_job_attempts: int = Field(default=3, ge=1)
+    job_in_child_process: bool = Field(default=True, description=(
+        "run each comparison in a short-lived child process: its memory is returned when it ends, and a "
+        "crash or OOM kill of it leaves the API (or worker) running; the job is retried"))
     max_upload_bytes: int = Field(default=8 << 30, ge=1, description="uploads beyond this get 413")
     max_json_bytes: int = Field(default=1 << 20, ge=1, description="JSON request bodies beyond this get 413, unread")
     max_manifest_bytes: int = Field(default=128 << 20, ge=1, description=(
@@ -50,6 +53,8 @@ class Settings(BaseSettings):
         "upload temp files (.partial) older than this are left by a crash: removed at start and every 10 minutes"))
     metrics_token: str | None = Field(default=None, description=(
         "with auth on, /metrics needs 'Authorization: Bearer <this>' (unset: /metrics answers 403)"))
+    admin_token: str | None = Field(default=None, description=(
+        "with auth on, /api/v1/admin/* needs 'Authorization: Bearer <this>' (unset: the admin routes answer 403)"))
     auth: bool = Field(default=False, description="require project tokens (on whenever bound beyond loopback)")
     host: str = "127.0.0.1"
     port: int = 8000

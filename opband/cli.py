@@ -376,10 +376,12 @@ def sweep(
     sweep_file: Annotated[Optional[Path], typer.Argument(help="TOML/YAML sweep file (ops, shapes, dtypes, regimes ...); flags override it")] = None,
     out: Annotated[Path, typer.Option("-o", "--out", help="folder for reference.bundle and one <dtype>.bundle per target dtype")] = Path("sweep"),
     ops: Annotated[Optional[list[str]], typer.Option("--op", help="built-in name (softmax), ATen op (aten.erf) or torch function (torch.special.erf); repeatable. Default: the --from-bundle ops, else the built-in LLM list")] = None,
+    op_list: Annotated[Optional[Path], typer.Option(help="sweep the ops of this file too, one per line (as `opband coverage --op-list`)")] = None,
     shapes: Annotated[Optional[list[str]], typer.Option("--shape", help="input shapes as 'AxB,CxD' (one per tensor input); repeatable; replaces each op's defaults")] = None,
     dtypes: Annotated[Optional[list[str]], typer.Option("--dtype", help="target dtype: fp32 fp16 bf16 int8 fp8-e4m3 fp8-e5m2; repeatable (default bf16, fp16, int8)")] = None,
     regimes: Annotated[Optional[list[str]], typer.Option("--regime", help="normal large near_zero subnormal nonfinite ill_conditioned; repeatable (default all)")] = None,
     from_bundle: Annotated[Optional[Path], typer.Option(help="sweep the ATen ops of this captured bundle at their recorded input shapes")] = None,
+    reference: Annotated[Optional[Path], typer.Option(help="an existing sweep reference.bundle (e.g. made on the GPU machine): run only the --dtype targets on --target-device, on its stored inputs")] = None,
     reference_device: Annotated[Optional[str], typer.Option(help="reference device (default cuda when present, else cpu)")] = None,
     target_device: Annotated[Optional[str], typer.Option(help="target device (default cpu)")] = None,
     seed: Annotated[Optional[int], typer.Option(help="seed of the generated inputs")] = None,
@@ -395,11 +397,14 @@ def sweep(
 
     from accuracy.errors import OpbandError
 
+    from accuracy.coverage import load_op_list
+
     try:
-        cfg = make_config(sweep_file, ops=ops or (), shapes=shapes, dtypes=dtypes, regimes=regimes,
+        ops = [*(ops or []), *(load_op_list(op_list) if op_list else [])]
+        cfg = make_config(sweep_file, ops=ops, shapes=shapes, dtypes=dtypes, regimes=regimes,
                           from_bundle=str(from_bundle) if from_bundle else None, reference_device=reference_device,
                           target_device=target_device, seed=seed, max_shapes=max_shapes, exact_inputs=exact_inputs)
-        result = run_sweep(cfg, out)
+        result = run_sweep(cfg, out, reference=reference)
     except (CaseError, OpbandError, ValueError) as e:
         _fail(str(e))
     typer.echo(result.report.to_text())
@@ -486,6 +491,23 @@ def db_upgrade(data_dir: DataDir = Path(".opband"), revision: str = "head") -> N
         first = str(e.orig or e).strip().splitlines()[0][:300]
         _fail(f"cannot migrate the database {where}: {first}. Is it running and reachable, and are "
               "OPBAND_DATABASE_URL and its credentials right? Nothing was changed")
+    typer.echo(f"database at {revision}: {where}")
+
+
+@db_app.command("downgrade")
+def db_downgrade(revision: Annotated[str, typer.Argument(help="the revision to go back to, e.g. 0003")],
+                 data_dir: DataDir = Path(".opband")) -> None:
+    """Migrate the database back to REVISION (before running an older opband); the data is kept."""
+    from sqlalchemy.exc import DBAPIError
+
+    from api.store.db import downgrade as run
+
+    settings = _settings(data_dir=data_dir)
+    where = settings.effective_database_url.split("@")[-1]
+    try:
+        run(settings.effective_database_url, revision)
+    except DBAPIError as e:
+        _fail(f"cannot migrate the database {where}: {str(e.orig or e).strip().splitlines()[0][:300]}")
     typer.echo(f"database at {revision}: {where}")
 
 
@@ -589,6 +611,76 @@ def gc(
     typer.echo(json.dumps(report.as_dict(), indent=2))
     if not apply and (report.orphan_blobs or report.rows_without_blob or report.partials):
         typer.echo("dry run: nothing removed; run again with --apply to remove these", err=True)
+
+
+project_app = typer.Typer(help="Whole projects: export to one file, import into any database (backup, SQLite -> "
+                                "PostgreSQL), retention.", no_args_is_help=True)
+app.add_typer(project_app, name="project")
+
+
+def _store(settings):  # type: ignore[no-untyped-def]
+    from api.store.blobs import make_store
+
+    return make_store(settings.effective_store_url, settings.s3_endpoint_url)
+
+
+@project_app.command("export")
+def project_export(
+    name: Annotated[str, typer.Argument(help="the project")],
+    out: Annotated[Path, typer.Option("-o", "--out", help="the export file to write (a tar)")],
+    data_dir: DataDir = Path(".opband"),
+) -> None:
+    """Write a project's rows and blobs to one file (tokens are not exported: create new ones after import)."""
+    from api.errors import ServiceError
+    from api.store.transfer import export_project
+
+    settings = _settings(data_dir=data_dir)
+    try:
+        counts = export_project(_open_db(settings), _store(settings), name, out)
+    except ServiceError as e:
+        _fail(str(e))
+    typer.echo(json.dumps({"project": name, "file": str(out), "rows": counts}, indent=2))
+
+
+@project_app.command("import")
+def project_import(
+    source: Annotated[Path, typer.Argument(help="a file from `opband project export`")],
+    rename: Annotated[Optional[str], typer.Option("--as", help="import under this name")] = None,
+    data_dir: DataDir = Path(".opband"),
+) -> None:
+    """Load an exported project into this database and blob store (run `opband db upgrade` first)."""
+    from api.errors import ServiceError
+    from api.store.transfer import import_project
+
+    settings = _settings(data_dir=data_dir)
+    try:
+        counts = import_project(_open_db(settings), _store(settings), source, rename)
+    except ServiceError as e:
+        _fail(str(e))
+    typer.echo(json.dumps({"file": str(source), "rows": counts}, indent=2))
+
+
+@project_app.command("retention")
+def project_retention(
+    name: Annotated[str, typer.Argument(help="the project")],
+    keep_runs: Annotated[int, typer.Option(min=0, help="per target name, keep the newest this many comparisons")] = 50,
+    keep_days: Annotated[float, typer.Option(min=0, help="and everything younger than this")] = 90,
+    apply: Annotated[bool, typer.Option("--apply", metavar="", help="delete (default: only report)")] = False,
+    data_dir: DataDir = Path(".opband"),
+) -> None:
+    """Let old comparisons and bundles go; never what a baseline holds or a regression names."""
+    from sqlalchemy import select
+
+    from api.store.models import Project
+    from api.store.retention import retention
+
+    settings = _settings(data_dir=data_dir)
+    db = _open_db(settings)
+    with db.session() as s:
+        project = s.scalar(select(Project).where(Project.name == name))
+    if project is None:
+        _fail(f"project {name!r} does not exist")
+    typer.echo(json.dumps(retention(db, _store(settings), project, keep_runs, keep_days, apply).as_dict(), indent=2))
 
 
 def main() -> None:

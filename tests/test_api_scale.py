@@ -1,8 +1,9 @@
 """Bounded memory per request: the API server's peak RSS does not grow with a bundle's record count.
 
 Before: a 200k-record bundle cost the server 1.28 GB to upload (the manifest parsed in the server,
-one ORM object per record). Now the manifest is parsed in a short-lived child process and the
-records are inserted in batches, so the server's peak (VmHWM) stays where it was.
+one ORM object per record) and 3.1 GB to compare. Now the manifest is parsed in a short-lived child
+process, records and results are inserted in batches, and each comparison runs in a child process
+of its own, so the API server's peak (VmHWM) stays where it was.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from service_fixtures import SynthOp, start_server, start_worker, stop_server, upload_bytes, wait_done, write_bundle
+from service_fixtures import SynthOp, start_server, stop_server, upload_bytes, wait_done, write_bundle
 
 #: what the API server's peak RSS may grow by over a run that uploads, compares and pages through a
 #: bundle; the manifest alone is ~4 KB per record once parsed (400 MB at 10^5 records)
@@ -28,9 +29,8 @@ def peak_mb(pid: int) -> float:
 def run_at_scale(tmp_path: Path, database_url: str, records: int, compare: bool) -> dict[str, float]:
     body = write_bundle(tmp_path / "n.bundle", [SynthOp(f"model.layers.{i // 100}.mlp", shape=(4,))
                                                  for i in range(records)]).read_bytes()
-    env = {"OPBAND_QUEUE": "database", "OPBAND_WORKERS": "0"}  # comparisons run in an `opband worker`
-    server = start_server(tmp_path / "data", database_url, env)
-    worker = None
+    # the embedded setup: comparisons run by the API process's workers, each in a child process
+    server = start_server(tmp_path / "data", database_url, {"OPBAND_WORKERS": "1"})
     try:
         with httpx.Client(base_url=server.url, timeout=1800) as c:
             small = write_bundle(tmp_path / "s.bundle", [SynthOp("m.0")]).read_bytes()
@@ -40,7 +40,6 @@ def run_at_scale(tmp_path: Path, database_url: str, records: int, compare: bool)
             assert up.status_code == 201 and up.json()["records"] == records, up.text
             out = {"upload": peak_mb(server.process.pid) - before}
             if compare:
-                worker, _ = start_worker(tmp_path / "data", database_url, env)
                 bid = up.json()["id"]
                 job = c.post("/api/v1/projects/s/comparisons", json={"reference": bid, "target": bid}).json()["id"]
                 done = wait_done(c, job, timeout=3000)
@@ -48,12 +47,8 @@ def run_at_scale(tmp_path: Path, database_url: str, records: int, compare: bool)
                 ops = c.get(f"/api/v1/comparisons/{job}/ops", params={"limit": 1000, "offset": records - 1000})
                 assert ops.json()["count"] == records and len(ops.json()["data"]) == 1000
                 out["compare+query"] = peak_mb(server.process.pid) - before
-                out["worker_peak"] = peak_mb(worker.pid)
             return out
     finally:
-        if worker is not None:
-            worker.terminate()
-            worker.wait(30)
         stop_server(server)
 
 

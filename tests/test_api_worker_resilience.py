@@ -23,7 +23,8 @@ from api.settings import Settings
 def test_worker_outlives_a_database_hiccup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     url = f"sqlite:///{tmp_path / 'opband.db'}"
     upgrade(url)
-    svc = Services.open(Settings(database_url=url, data_dir=tmp_path / "data", workers=1, job_lease_seconds=5))
+    svc = Services.open(Settings(database_url=url, data_dir=tmp_path / "data", workers=1, job_lease_seconds=5,
+                                     job_in_child_process=False))  # the fault below is injected in this process
     try:
         proj = get_or_create_project(svc.db, "p")
         ids = []

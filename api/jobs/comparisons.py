@@ -8,15 +8,19 @@ expires and the next worker retries the job, up to ``max_job_attempts``. Errors 
 
 from __future__ import annotations
 
+import fcntl
 import fnmatch
 import logging
+import multiprocessing
 import math
 import os
 import socket
 import threading
 import time
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager, nullcontext
 from datetime import timedelta
 from typing import Any
 
@@ -129,7 +133,7 @@ def run_job(db: Database, store: BlobStore, settings: Settings, job_id: str, nam
     """
     started = time.monotonic()
     try:
-        status = _run_job(db, store, settings, job_id, name)
+        status = (_run_in_child if settings.job_in_child_process else _run_job)(db, store, settings, job_id, name)
     except Exception:  # noqa: BLE001 - a worker must outlive any one job
         log.exception("job could not be run or recorded; it is retried when its lease expires",
                       extra={"job_id": job_id, "worker": name})
@@ -140,6 +144,47 @@ def run_job(db: Database, store: BlobStore, settings: Settings, job_id: str, nam
     log.info("job finished", extra={"job_id": job_id, "worker": name, "status": status,
                                     "duration_ms": round(seconds * 1000, 1)})
     return status
+
+
+def _run_in_child(db: Database, store: BlobStore, settings: Settings, job_id: str, name: str) -> str:
+    """:func:`_run_job` in a short-lived child process (forkserver, one job each): the memory a comparison
+    takes is returned when it ends, and a child killed (out of memory, by a signal) does not take the
+    API down; its lease then runs out and the job is retried, up to ``max_job_attempts``."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["api.jobs.comparisons"])
+    with ProcessPoolExecutor(1, mp_context=context, max_tasks_per_child=1) as pool:
+        try:
+            return pool.submit(_child_job, settings, job_id, name).result()
+        except BrokenProcessPool:
+            raise RuntimeError("the comparison's process died (out of memory or killed)") from None
+
+
+def _child_job(settings: Settings, job_id: str, name: str) -> str:
+    from api.observability import configure_logging
+    from api.store.blobs import make_store
+
+    configure_logging(settings)
+    db = Database(settings)
+    try:
+        return _run_job(db, make_store(settings.effective_store_url, settings.s3_endpoint_url), settings, job_id, name)
+    finally:
+        db.dispose()
+
+
+@contextmanager
+def _persist_lock(db: Database) -> Iterator[None]:
+    """SQLite: one writer of results at a time, across threads and the job processes of this host (an
+    exclusive lock on a file next to the database); PostgreSQL locks the project row instead."""
+    if db.engine.dialect.name != "sqlite" or not db.url.startswith("sqlite:///") or ":memory:" in db.url:
+        with _PERSIST_LOCK if db.engine.dialect.name == "sqlite" else nullcontext():
+            yield
+        return
+    with _PERSIST_LOCK, open(db.url.removeprefix("sqlite:///") + ".persist-lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def accepted_history(s: Any, project_id: int, target: str, exclude: str) -> dict[str, Any] | None:
@@ -224,10 +269,10 @@ def _severity(x: float) -> float | None:
 def persist_report(db: Database, job_id: str, report: accuracy.ComparisonReport, name: str) -> str:
     """Write the per-op results, drift series and regressions of a finished comparison.
 
-    Writes of one project are serialised (PostgreSQL: a row lock on the project; SQLite: a process
-    lock) so that two workers never both create the same drift series or regression.
+    Writes of one project are serialised (PostgreSQL: a row lock on the project; SQLite: a lock file
+    next to the database) so that two workers never both create the same drift series or regression.
     """
-    with _PERSIST_LOCK if db.engine.dialect.name == "sqlite" else nullcontext(), db.session() as s:
+    with _persist_lock(db), db.session() as s:
         job = _owned(s, db, job_id, name)
         if job is None:
             return "lost"

@@ -104,7 +104,7 @@ def check_header_size(path: Path, limit: int) -> None:
         head = f.read(8)
     if len(head) == 8:
         (n,) = struct.unpack("<Q", head)
-        if n > limit:
+        if limit < n <= path.stat().st_size - 8:  # a length past the file's end is no bundle at all: the parser says so
             raise TooLarge(f"the bundle's manifest is {n} bytes; this server parses at most {limit} "
                            "(OPBAND_MAX_MANIFEST_BYTES): split the capture (--module/--op filters, or summary mode)")
 
