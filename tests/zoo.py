@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -156,7 +156,6 @@ class Case:
     threads: int | None = None
     fault: str | None = None
     module: str | None = None  # where the fault goes, and what the first divergence must name
-    expect: str = field(default="pass")
 
     @property
     def benign(self) -> bool:
@@ -383,7 +382,3 @@ def describe(report: ComparisonReport) -> tuple[str, str]:
     """(verdict, first divergence in words) for the zoo table."""
     fd = report.first_divergence
     return report.verdict, ("-" if fd is None else f"{fd.module or '<root>'} {fd.op}#{fd.key.rsplit('#', 1)[-1]}")
-
-
-def inputs_of(model_entry: Model) -> Any:
-    return model_entry.build()[1]
