@@ -24,7 +24,7 @@ def tensor_print(t: torch.Tensor) -> TensorPrint | None:
     if t.layout != torch.strided or t.is_quantized or t.is_meta or t.is_nested:
         return None
     with torch.no_grad():
-        data = t.detach()
+        data = t.detach().resolve_conj().resolve_neg()
         digest = ""  # on an accelerator the statistics alone (no copy of the weights to the host)
         if data.device.type == "cpu":
             data = data.contiguous()
