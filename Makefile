@@ -38,8 +38,10 @@ sweep: $(STAMP)
 	$(PY) -m pytest -m sweep -q -ra $(PYTEST_ARGS)
 
 bench: $(STAMP)
-	$(PY) benchmarks/capture.py
+	$(PY) benchmarks/capture.py --model llama-small
+	$(PY) benchmarks/capture.py --model llama-mid
 	$(PY) benchmarks/compare.py
+	$(PY) benchmarks/compare_records.py --records 10000,50000
 	$(PY) benchmarks/service.py
 
 clean:

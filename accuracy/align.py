@@ -28,6 +28,9 @@ from accuracy.manifest import Record
 TRANSPARENT = frozenset({
     "aten._to_copy", "aten.to", "aten.copy", "aten.copy_", "aten.clone", "aten.contiguous", "aten._unsafe_view",
     "aten.lift_fresh", "aten.lift_fresh_copy", "aten.detach", "aten.alias",
+    # the same at the api level (``--level api``, msprobe's L1/mix): dtype casts, copies, layout changes
+    "torch.Tensor.to", "torch.Tensor.float", "torch.Tensor.half", "torch.Tensor.bfloat16", "torch.Tensor.double",
+    "torch.Tensor.type_as", "torch.Tensor.type", "torch.Tensor.contiguous", "torch.Tensor.clone", "torch.Tensor.detach",
 })
 
 
@@ -144,3 +147,21 @@ def _reason(record: Record, others: list[Record]) -> str:
     if same_op and all(o.shape != record.shape for o in same_op):
         return f"{record.op} in {record.module!r} has shape {record.shape} on this side only"
     return f"no {record.op} at this position of module {record.module!r} on the other side"
+
+
+def align_by_key(reference: list[Record], target: list[Record]) -> tuple[list[Pair], list[Unmatched]]:
+    """Pair records with the same id only. For a replay (``hooks.replay``): each target op ran on
+    the reference op's own inputs, so an op the replay could not run (a random one) leaves the
+    others of its module comparable."""
+    by_id = {t.id: t for t in target}
+    pairs: list[Pair] = []
+    unmatched: list[Unmatched] = []
+    for r in reference:
+        t = by_id.pop(r.id, None)
+        if t is None:
+            unmatched.append(Unmatched(r, "reference", "not replayed (see the replay's diagnostics)"))
+        else:
+            pairs.append(Pair(r, t, "key"))
+    unmatched += [Unmatched(t, "target", "not in the reference") for t in by_id.values()]
+    pairs.sort(key=lambda p: p.target.index)
+    return pairs, unmatched

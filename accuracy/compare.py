@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from accuracy.align import Pair, Unmatched, align, same_elements
+from accuracy.align import Pair, Unmatched, align, align_by_key, same_elements
 from accuracy.bands import BandCheck, BandConfig, History, bands_for, benjamini_hochberg
 from accuracy.budgets import DTYPE_MAX, Budget, BudgetPolicy, auxiliary_output, judged_dtype, precision_trap, reduction_length
 from accuracy.bundle import Bundle
@@ -156,7 +156,7 @@ def compare(
         if not is_golden(ref):
             raise OpbandError(
                 f"golden mode needs a float64 recomputation of the reference: the reference ({ref.path.name}, "
-                f"variant {ref.manifest.variant}) is not one. Make it with `opband capture SPEC --replay REF "
+                f"variant {ref.manifest.variant}) is not one. Make it with `opband capture --replay REF "
                 "--golden -o GOLD.bundle` and compare GOLD.bundle against the target (Python: golden=GOLD.bundle)")
         gold, ref = ref, _original_reference(ref)
     policy = budgets if isinstance(budgets, BudgetPolicy) else BudgetPolicy.from_config(budgets)
@@ -164,7 +164,8 @@ def compare(
     cfg = band_config or BandConfig()
     tname = target_id or target_name(tgt)
     replayed = bool(tgt.manifest.run.get("replay_of") or tgt.manifest.run.get("replay"))
-    _check_same_model(ref, tgt, replayed)
+    blocks = (tgt.manifest.run.get("compile") or {}).get("blocks")
+    _check_same_model(ref, tgt, replayed, blocks)
     different = input_difference(ref.manifest.fingerprints, tgt.manifest.fingerprints)
     if different:
         raise OpbandError(
@@ -175,10 +176,9 @@ def compare(
         # outputs) have no counterpart; an op sweep's targets re-run its aten and api (torch.*) cases
         kinds = {t.kind for t in tgt.records} - {"module", "grad"} or {"aten"}
         ref_records = [r for r in ref.records if r.kind in kinds]
-    blocks = (tgt.manifest.run.get("compile") or {}).get("blocks")
     if blocks:  # a compiled target records its blocks' outputs, not what runs inside them
         ref_records = [r for r in ref_records if not inside_compiled(r, blocks)]
-    pairs, unmatched = align(ref_records, tgt.records)
+    pairs, unmatched = (align_by_key if replayed else align)(ref_records, tgt.records)
     if not pairs:
         raise OpbandError(
             f"nothing to compare: the reference holds {len(ref.records)} records and the target "
@@ -216,11 +216,12 @@ def compare(
 SAME_MODEL_SHARE = 0.5
 
 
-def _check_same_model(ref: Bundle, tgt: Bundle, replayed: bool) -> None:
-    """Refuse (exit 2) two runs whose module structures do not align: a comparison would only list failures."""
+def _check_same_model(ref: Bundle, tgt: Bundle, replayed: bool, blocks: list[str] | None = None) -> None:
+    """Refuse (exit 2) two runs whose module structures do not align: a comparison would only list failures.
+    Modules inside a compiled target's blocks are not observable there, so they are not counted."""
     if replayed:
         return
-    mods_r = {r.module for r in ref.records if r.kind == "module"}
+    mods_r = {r.module for r in ref.records if r.kind == "module" and not (blocks and inside_compiled(r, blocks))}
     mods_t = {r.module for r in tgt.records if r.kind == "module"}
     if len(mods_r) < 2 or not mods_t:
         return

@@ -211,7 +211,8 @@ class CoverageReport:
                           f"ops covered ({100 * share:.1f}%)", highlight=False, markup=False)
             if self.uncovered:
                 console.print("uncovered: " + ", ".join(self.uncovered), highlight=False, markup=False, soft_wrap=True)
-                console.print("Note: sweep them with `opband sweep --op NAME --shape ...`, or add a model that runs them.",
+                console.print("Note: sweep them with `opband sweep --op-list FILE` (--shape for ops without a built-in "
+                              "case), or add a model that runs them.",
                               highlight=False, markup=False)
         return buf.getvalue()
 

@@ -58,6 +58,8 @@ def mark_first_divergence(results: Sequence[Judged], local_everywhere: bool,
             bad_in = [i for i in ins if _bad(i)]
             worst_in = max((i.error for i in bad_in), default=0.0)
             r.inherited = bool(bad_in) and r.error <= AMPLIFICATION * worst_in
+            if r.kind == "module" and not ins:  # a module's output carries its own ops' error, when they have one
+                r.inherited = not _unexplained(r, bad)
             if not r.inherited:
                 local.append(r)
         local = local or bad

@@ -8,6 +8,21 @@ from typing import Any
 #: run fields that change numerics; every environment field is compared as well
 RUN_FIELDS = ("variant", "device", "level", "mode", "seed", "options")
 
+#: the environment/run fields (and run tags) behind each category of "what changed" between two runs
+CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("torch", ("torch", "python")),
+    ("driver", ("cuda", "cann", "driver", "rocm", "hip", "nccl", "device_name", "firmware")),
+    ("op library", ("cudnn", "cublas", "mkl", "onednn", "mkldnn", "quantized_engine", "triton", "aclnn", "op_library",
+                    "kernel")),
+    ("threads", ("threads", "omp", "interop")),
+    ("flags", ("deterministic", "tf32", "float32_matmul_precision", "flags", "allow_", "benchmark")),
+    ("inputs", ("seed", "inputs", "input", "options", "spec")),
+    ("dtype", ("variant",)),
+    ("device", ("device", "cpu", "platform", "gpu", "npu")),
+    ("capture", ("level", "mode")),
+    ("code", ("git_commit", "git_branch", "commit", "branch")),
+)
+
 
 def flatten(run: Mapping[str, Any] | None, environment: Mapping[str, Any] | None) -> dict[str, Any]:
     """``environment.<name>`` for every environment field, ``run.<name>`` for the numerics-changing run fields."""
@@ -22,3 +37,12 @@ def changes(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[list[tuple[str,
     fields = sorted(set(a) | set(b))
     changed = [(f, a.get(f), b.get(f)) for f in fields if a.get(f) != b.get(f)]
     return changed, len(fields) - len(changed)
+
+
+def category_of(field: str) -> str:
+    """``environment.tf32_matmul`` -> ``flags``; the first category whose words the field's name holds."""
+    name = field.split(".", 1)[-1].lower().replace("-", "_")
+    for category, words in CATEGORIES:
+        if any(w == name or name.startswith(w) for w in words):
+            return category
+    return "other"

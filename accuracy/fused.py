@@ -344,6 +344,20 @@ def _row_at(dtype: Any) -> Any:
     return row_at
 
 
+def _sample_at(dtype: Any) -> Any:
+    @numba.njit(nogil=True, cache=True)
+    def sample_at(addr: int, idx_addr: int, k: int, out: Any) -> None:  # pragma: no cover
+        x = numba.carray(_voidptr(addr), 1, dtype)  # indexed past its declared length: no bounds checks
+        idx = numba.carray(_voidptr(idx_addr), k, np.int64)
+        for j in range(k):
+            out[j] = _load(x, idx[j])
+
+    return sample_at
+
+
+#: ``SAMPLE_AT[dtype](addr, idx_addr, k, out)``: ``out[:k]`` = the values at flat indices ``idx``
+SAMPLE_AT = {"float32": _sample_at(np.float32), "float64": _sample_at(np.float64),
+             "bfloat16": _sample_at(np.uint16), "float16": _sample_at(np.int16)}
 _row_f32 = _row_at(np.float32)
 _row_f64 = _row_at(np.float64)
 _row_bf16 = _row_at(np.uint16)
@@ -604,6 +618,8 @@ def warm_up(errors: bool = False) -> None:
     out = np.empty(_N_ROW + 1)
     for fn in ROW_AT.values():
         fn(idx.ctypes.data, 1, idx.ctypes.data, 1, 0.0, out)
+    for fn in SAMPLE_AT.values():
+        fn(idx.ctypes.data, idx.ctypes.data, 1, out)
     if errors:
         acc = ErrorAccumulator(2.0**-126, 2.0**-126, 23, (1e-4, 1e-3, 5e-3))
         for dt in (np.float32, np.float64, np.uint16, np.int16):

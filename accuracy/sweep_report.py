@@ -54,6 +54,13 @@ def rows_from_comparison(cases: Mapping[str, Mapping[str, Any]], report: Compari
     return list(by_key.values())
 
 
+def missing_rows(cases: Mapping[str, Mapping[str, Any]], dtype: str, reason: str) -> list[SweepRow]:
+    """Rows for a target that ran none of the cases (compare has nothing to align)."""
+    return [SweepRow(op=str(m.get("label") or m.get("op")), dtype=dtype, shape=str(m.get("shape")),
+                     regime=str(m.get("regime")), verdict="missing", key=key, recorded_op=key.rsplit("/", 1)[-1].split("#")[0],
+                     norm_l2=None, max_rel=None, limit=None, reason=reason) for key, m in cases.items()]
+
+
 @dataclass
 class SweepReport:
     """Every row of a sweep and the ops it could not run. Truthy when no row failed."""

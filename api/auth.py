@@ -48,6 +48,14 @@ def create_token(db: Database, project: str, read_only: bool = False, name: str 
     return token
 
 
+def token_name(db: Database, token: str | None) -> str | None:
+    """The name a token was created with (``opband token create --name``), for the audit of who did what."""
+    if not token:
+        return None
+    with db.session() as s:
+        return s.scalar(select(Token.name).where(Token.token_hash == hash_token(token)))
+
+
 def _token_row(db: Database, token: str | None, what: str) -> Token:
     """The stored token behind ``token``, or 401 saying how to get one."""
     if not token:

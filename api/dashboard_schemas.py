@@ -61,10 +61,11 @@ class TargetStatus(BaseModel):
     comparison_id: str
     verdict: str | None
     counts: dict[str, Any]
-    label: str | None
+    label: str | None = Field(description="the target run's label")
+    tags: dict[str, Any] = Field(default_factory=dict, description="the target run's tags")
     first_divergence: str | None
     created_at: Timestamp
-    comparisons: int
+    runs: int = Field(description="runs (bundles) uploaded under this target name")
 
 
 class Overview(BaseModel):
@@ -114,6 +115,7 @@ class OpHistory(BaseModel):
     key: str
     op: str | None
     metric: str
+    targets: list[str] = Field(description="every target name this op has results for (the target filter's choices)")
     series: list[HistorySeries]
     accepted_in: list[AcceptedRun]
 

@@ -37,7 +37,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import models  # noqa: E402
 
-from accuracy import fused  # noqa: E402
 from accuracy.bundle import Bundle  # noqa: E402
 from hooks import capture  # noqa: E402
 
@@ -74,6 +73,10 @@ def _raw_write(clock: Callable[[], float], path: Path, nbytes: int, chunk: int =
 
 def _stats_bandwidth(clock: Callable[[], float]) -> float:
     """Bytes per second the statistics kernel reads from a 64 MB float32 buffer (median of 5)."""
+    try:
+        from accuracy import fused
+    except ImportError:  # an opband before the fused kernels (the baseline of a before/after run)
+        return float("nan")
     x = np.random.default_rng(0).standard_normal(16 << 20, dtype=np.float32)
     fused.tensor_stats(x)
     times = []
@@ -82,6 +85,20 @@ def _stats_bandwidth(clock: Callable[[], float]) -> float:
         fused.tensor_stats(x)
         times.append(clock() - t)
     return x.nbytes / statistics.median(times)
+
+
+def _fingerprint_time(clock: Callable[[], float], model: torch.nn.Module) -> float | None:
+    """CPU time of the parameter fingerprints every capture takes (median of 3), None where there are none."""
+    try:
+        from hooks.fingerprints import parameter_prints
+    except ImportError:
+        return None
+    times = []
+    for _ in range(3):
+        t = clock()
+        parameter_prints(model)
+        times.append(clock() - t)
+    return statistics.median(times)
 
 
 def _summary_shape(path: Path) -> tuple[int, int]:
@@ -99,12 +116,14 @@ def main() -> None:
     ap.add_argument("--levels", default="aten", help="comma-separated capture levels (module,api,aten)")
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (0: torch's default)")
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
+    ap.add_argument("--no-fingerprints", action="store_true", help="capture(fingerprints=False): no weight digests")
     args = ap.parse_args()
     levels = args.levels.split(",")
     if args.threads:
         torch.set_num_threads(args.threads)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     model, (x,) = models.build(args.model)
+    extra: dict[str, object] = {"fingerprints": False} if args.no_fingerprints else {}
     configs = [(level, mode) for level in levels for mode in ("summary", "full")]
     times: dict[object, list[float]] = {c: [] for c in [*configs, "plain"]}
     ratios: dict[object, list[float]] = {c: [] for c in configs}
@@ -116,18 +135,19 @@ def main() -> None:
         d = Path(tmp)
         _plain(clock, model, x)
         for level in levels:
-            _captured(clock, model, x, d / "warm.bundle", level=level, mode="full")
-            with capture(model, d / "count.bundle", progress=False, level=level, mode="summary") as cap:
+            _captured(clock, model, x, d / "warm.bundle", level=level, mode="full", **extra)
+            with capture(model, d / "count.bundle", progress=False, level=level, mode="summary", **extra) as cap:
                 model(x)
             ops[level] = cap._recorder.ops_seen
             shape[level] = _summary_shape(d / "count.bundle")
         bandwidth = _stats_bandwidth(clock)
+        prints = _fingerprint_time(clock, model)
         for r in range(args.runs):
             plain = _plain(clock, model, x)
             times["plain"].append(plain)
             order = configs[r % len(configs):] + configs[: r % len(configs)]
             for level, mode in order:
-                t, size = _captured(clock, model, x, d / f"{level}-{mode}.bundle", level=level, mode=mode)
+                t, size = _captured(clock, model, x, d / f"{level}-{mode}.bundle", level=level, mode=mode, **extra)
                 times[(level, mode)].append(t)
                 ratios[(level, mode)].append(t / plain)
                 if mode == "full":
@@ -146,6 +166,10 @@ def main() -> None:
         ratio, of_medians = statistics.median(ratios[(level, mode)]), med[(level, mode)] / med["plain"]
         goal_txt = f"<= {goal}x" if goal else "-"
         print(f"{level:7s} {mode:8s} {ratio:9.2f}x {of_medians:14.2f}x      {goal_txt:8s} {size}")
+    if prints is not None and not args.no_fingerprints:
+        print(f"of every capture's time, parameter fingerprints (hooks.fingerprints: xxh3-128 digest, sum, L2, absmax "
+              f"of every weight; capture(fingerprints=False) skips them): {prints * 1e3:.1f} ms = "
+              f"{prints / med['plain']:.2f}x the plain forward")
     for level in levels:
         records, read = shape[level]
         floor = read / bandwidth

@@ -27,7 +27,11 @@ def main() -> int:
     ap.add_argument("--fast", action="store_true", help="only the models in the make-test subset")
     ap.add_argument("--model", action="append", help="only these models (repeatable)")
     ap.add_argument("--case", action="append", help="only these cases (repeatable), e.g. bf16, fault:weight")
+    ap.add_argument("--level", choices=("aten", "module"), default="aten", help="capture level of both runs")
+    ap.add_argument("--inputs", action="store_true",
+                    help="aten level: also record each op's inputs (a dataflow graph for the first-divergence walk)")
     args = ap.parse_args()
+    zoo.CAPTURE_OPTIONS.update(level=args.level, inputs=args.inputs)
     todo = [(m, c) for m, c in zoo.all_cases(args.fast)
             if (not args.model or m.name in args.model) and (not args.case or c.name in args.case)]
     rows = []

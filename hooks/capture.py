@@ -22,6 +22,7 @@ import torch
 from accuracy.manifest import Fingerprints, Record
 from hooks import distributed
 from hooks.environment import environment
+from hooks.composites import faithful_composites
 from hooks.fingerprints import input_prints, parameter_prints
 from hooks.intrusive import intrusive_ops
 from hooks.modes import ApiMode, AtenMode, ModuleHooks
@@ -82,6 +83,7 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
         self._recorder: Recorder | None = None
         self._prints = Fingerprints()
         self._input_hook: Any = None
+        self._composites: Any = None
         self._aborted = False
 
     def __enter__(self) -> capture:
@@ -92,6 +94,8 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
         self._hooks = ModuleHooks(self.model, rec)
         self._hooks.install()
         if self.options.level == "aten":
+            self._composites = faithful_composites()
+            self._composites.__enter__()
             self._mode = AtenMode(rec)
         elif self.options.level == "api":
             self._mode = ApiMode(rec)
@@ -118,7 +122,10 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
             finally:
                 rec.busy = False
 
-        self._input_hook = self.model.register_forward_pre_hook(first_call, with_kwargs=True)
+        try:
+            self._input_hook = self.model.register_forward_pre_hook(first_call, with_kwargs=True)
+        except Exception as e:  # noqa: BLE001 - e.g. a scripted module: no input fingerprints, the capture goes on
+            rec.diagnose(None, f"input fingerprints: {type(e).__name__}: {e}")
 
     def step(self) -> int:
         """Mark the end of one training/inference step; returns the number of the next step."""
@@ -157,6 +164,9 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
         if self._mode is not None:
             self._mode.__exit__(exc_type, exc, tb)
             self._mode = None
+        if self._composites is not None:
+            self._composites.__exit__(None, None, None)
+            self._composites = None
         if self._hooks is not None:
             self._hooks.remove()
         if self._input_hook is not None:

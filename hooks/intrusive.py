@@ -2,10 +2,10 @@
 
 ``INTRUSIVE`` lists the op_db op names whose outputs were *not* bitwise identical with and
 without capture at a level (CPU float32, torch 2.13); every manifest names them in
-``run["intrusive_ops"]``. The cause at ``aten`` level: under any Python ``TorchDispatchMode``,
-``at::isTensorSubclassLike`` is true, so these composite ops take their differentiable path
-(e.g. ``linalg_svdvals`` calls ``_linalg_svd(compute_uv=True)``, ``eigvalsh`` computes the
-eigenvectors), and LAPACK returns slightly different bits. ``api`` level (a TorchFunctionMode)
+``run["intrusive_ops"]``. At ``aten`` level none: under any Python ``TorchDispatchMode``
+``at::isTensorSubclassLike`` is true, so ``linalg_svdvals``/``linalg_eigvalsh`` (and ``linalg.cond``
+and nuclear norms, which call them) would take their differentiable path and LAPACK would return
+other bits; ``hooks.composites`` runs them as they run without the mode. ``api`` level (a TorchFunctionMode)
 makes ``has_torch_function`` true, which turns off the fused inference fast path of
 ``nn.TransformerEncoderLayer`` / ``nn.MultiheadAttention`` (a module, not an op_db entry).
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 INTRUSIVE: dict[str, frozenset[str]] = {
     "module": frozenset(),
     "api": frozenset({"nn.TransformerEncoderLayer (fast path)", "nn.MultiheadAttention (fast path)"}),
-    "aten": frozenset({"linalg.svdvals", "linalg.cond", "linalg.eigvalsh", "norm.nuc"}),
+    "aten": frozenset(),  # linalg.svdvals, linalg.cond, linalg.eigvalsh, norm.nuc: fixed by hooks.composites
 }
 
 PATH_CHANGES: dict[str, frozenset[str]] = {

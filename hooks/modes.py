@@ -11,7 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from hooks.distributed import landed
-from hooks.opcall import NotReplayable, encode_call, layouts_of, op_target
+from hooks.opcall import NotReplayable, draws_random_numbers, encode_call, layouts_of, op_target
 from hooks.recorder import Recorder
 from hooks.tensors import NO_NUMBER_OPS
 
@@ -109,7 +109,7 @@ class AtenMode(TorchDispatchMode):
         rec = self.recorder
         try:
             call, tensors = encode_call(args, kwargs)
-            if torch.Tag.nondeterministic_seeded in func.tags:
+            if draws_random_numbers(func, args, kwargs):
                 raise NotReplayable("the op draws random numbers")
             if any(t.is_quantized or t.is_complex() for t in tensors):
                 raise NotReplayable("quantized and complex inputs are stored as float values only")

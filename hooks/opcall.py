@@ -62,6 +62,20 @@ def layouts_of(tensors: Sequence[torch.Tensor]) -> dict[str, Any]:
     return {"strides": strides} if any(s is not None for s in strides) else {}
 
 
+def draws_random_numbers(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
+    """Whether this call draws random numbers: ops tagged ``nondeterministic_seeded`` do, unless their
+    dropout is off (fused attention with ``dropout_p=0``, ``native_dropout`` with ``train=False``)."""
+    if torch.Tag.nondeterministic_seeded not in func.tags:
+        return False
+    values = {a.name: (args[i] if i < len(args) else kwargs.get(a.name, a.default_value))
+              for i, a in enumerate(func._schema.arguments)}
+    if "dropout_p" in values:
+        return bool(values["dropout_p"])
+    if values.get("train") is False or values.get("p") == 0:
+        return False
+    return True
+
+
 def layout_of(t: torch.Tensor) -> tuple[list[int] | None, str | None]:
     """``(strides, memory format)`` of a non-contiguous strided tensor, ``(None, None)`` otherwise."""
     try:

@@ -12,6 +12,7 @@ the service judge them like any replay. (Not :mod:`hooks.sweep`: that one measur
 from __future__ import annotations
 
 import os
+import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,7 @@ import torch
 from accuracy.bundle import Bundle
 from accuracy.compare import compare
 from accuracy.manifest import shape_signature
-from accuracy.sweep_report import SweepReport, rows_from_comparison
+from accuracy.sweep_report import SweepReport, missing_rows, rows_from_comparison
 from hooks.capture import CaptureOptions
 from hooks.environment import environment
 from hooks.fp8 import FP8_DTYPES, quantize_dequantize
@@ -77,29 +78,53 @@ class SweepConfig:
 _FILE_KEYS = {f for f in SweepConfig.__dataclass_fields__}
 
 
+def _read_sweep_file(path: str | os.PathLike[str]) -> Any:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise CaseError(f"cannot read sweep file {p}: {e}") from e
+    try:
+        if p.suffix.lower() == ".toml":
+            import tomllib
+
+            return tomllib.loads(text)
+        if p.suffix.lower() in (".yaml", ".yml"):
+            import yaml
+
+            return yaml.safe_load(text) or {}
+    except Exception as e:  # noqa: BLE001 - any parser error is the user's file, said once
+        raise CaseError(f"sweep file {p} is not valid {p.suffix[1:].upper()}: {e}") from e
+    raise CaseError(f"sweep file {p}: unknown suffix {p.suffix!r}; use .toml, .yaml or .yml")
+
+
 def load_sweep_file(path: str | os.PathLike[str]) -> SweepConfig:
     """A sweep file (TOML or YAML) with the keys of :class:`SweepConfig`; ``ops`` entries are names
-    or tables ``{name, shapes, kwargs, label}``."""
-    from accuracy.budgets import load_config
+    or tables ``{name, shapes, kwargs, label}``. Types are checked; a wrong one is refused by name."""
+    from pydantic import TypeAdapter, ValidationError
 
-    data = load_config(path)
+    data = _read_sweep_file(path)
     if not isinstance(data, Mapping):
         raise CaseError(f"sweep file {path}: expected a table of settings such as ops = [\"softmax\"]")
     unknown = set(data) - _FILE_KEYS
     if unknown:
         raise CaseError(f"sweep file {path}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_FILE_KEYS)}")
-    cfg = SweepConfig(**{k: v for k, v in data.items() if k != "ops"})
-    for entry in data.get("ops") or []:
-        if isinstance(entry, str):
-            cfg.ops.append(OpSpec(entry))
-        elif isinstance(entry, Mapping) and isinstance(entry.get("name"), str):
-            extra = set(entry) - {"name", "shapes", "kwargs", "label"}
-            if extra:
-                raise CaseError(f"sweep file {path}: op {entry['name']!r} has unknown field(s) {sorted(extra)}")
-            cfg.ops.append(OpSpec(entry["name"], list(entry.get("shapes") or []), entry.get("kwargs"), entry.get("label")))
-        else:
-            raise CaseError(f"sweep file {path}: each ops entry is a name or a table with a name, not {entry!r}")
-    return cfg
+    data = dict(data)
+    ops = data.get("ops") or []
+    if not isinstance(ops, list):
+        raise CaseError(f"sweep file {path}: ops must be a list of names or tables")
+    data["ops"] = [{"name": o} if isinstance(o, str) else o for o in ops]
+    for entry in data["ops"]:
+        extra = set(entry) - {"name", "shapes", "kwargs", "label"} if isinstance(entry, Mapping) else set()
+        if extra:
+            raise CaseError(f"sweep file {path}: op {entry.get('name')!r} has unknown field(s) {sorted(extra)}")
+    try:
+        return TypeAdapter(SweepConfig).validate_python(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise CaseError(f"sweep file {path}: {where}: {first['msg']} (e.g. dtypes = [\"bf16\"], "
+                        "shapes = [\"64x256,256x128\"])") from None
 
 
 @dataclass(frozen=True)
@@ -181,7 +206,9 @@ def plan(cfg: SweepConfig) -> tuple[list[PlannedCase], list[str]]:
                         continue  # another recorded call of the same overload and shapes (other scalars): the first is kept
                     raise CaseError(f"op {spec.name} appears twice with shape {sig}: give one of them a label")
                 keys.add(key)
-                planned.append(PlannedCase(key, case, label, regime, sig, cfg.seed + len(planned)))
+                # the seed follows the key, not the position: a case keeps its inputs whatever else is swept,
+                # so its history (bands per op key) compares like with like
+                planned.append(PlannedCase(key, case, label, regime, sig, (zlib.crc32(key.encode()) + cfg.seed) % 2**31))
     return planned, skipped
 
 
@@ -256,7 +283,7 @@ def _to_target(t: torch.Tensor, variant: str, device: str) -> torch.Tensor:
         amax = torch.where(finite, t.abs(), 0).amax() if t.numel() else torch.tensor(0.0)
         scale = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
         return (t / scale).round().clamp(-127, 127) * scale
-    if variant in FP8_DTYPES:
+    if variant in FP8_DTYPES:  # per-tensor scale, as hooks.fp8 quantizes activations
         return quantize_dequantize(t, FP8_DTYPES[variant])
     return t
 
@@ -306,13 +333,16 @@ class SweepResult:
 
 
 def run_sweep(cfg: SweepConfig, out_dir: str | os.PathLike[str], progress: bool | None = None,
-              planned: list[PlannedCase] | None = None, budgets: Mapping[str, Any] | None = None) -> SweepResult:
+              planned: list[PlannedCase] | None = None, budgets: Mapping[str, Any] | None = None,
+              reference: str | os.PathLike[str] | None = None) -> SweepResult:
     """Reference bundle, one target bundle per dtype, and the report per op x dtype x shape x regime.
 
     Writes ``OUT_DIR/reference.bundle`` and ``OUT_DIR/<dtype>.bundle``; each target compares
     against the reference with ``accuracy.compare(..., mode="replay")``, as ``opband compare`` does.
     ``planned``: run these cases (e.g. a function under test) instead of the config's ops;
-    ``budgets``: per-op budget overrides, as ``opband compare --budgets``.
+    ``budgets``: per-op budget overrides, as ``opband compare --budgets``; ``reference``: an
+    existing sweep reference bundle (made elsewhere, e.g. on the GPU machine): only the targets run,
+    on its stored inputs.
     """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -321,25 +351,41 @@ def run_sweep(cfg: SweepConfig, out_dir: str | os.PathLike[str], progress: bool 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cases = {p.key: p.case for p in planned} if planned is not None else None
-    planned = planned if planned is not None else plan(cfg)[0]
+    if reference is not None:
+        sweep = Bundle.open(reference).manifest.run.get("sweep")
+        if not isinstance(sweep, dict) or not isinstance(sweep.get("cases"), dict):
+            raise CaseError(f"{reference} is not a sweep reference bundle (no run.sweep): make one with `opband sweep`")
+        total = len(sweep["cases"])
+    else:
+        planned = planned if planned is not None else plan(cfg)[0]
+        total = len(planned)
     console = Console(stderr=True)
     show = console.is_terminal if progress is None else progress
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, disable=not show, transient=True) as bar:
-        task = bar.add_task("reference fp32", total=len(planned))
-        ref = run_reference(cfg, out / "reference.bundle", lambda _k: bar.advance(task), planned if cases is not None else None)
+        if reference is not None:
+            ref = Path(reference)
+        else:
+            task = bar.add_task("reference fp32", total=total)
+            ref = run_reference(cfg, out / "reference.bundle", lambda _k: bar.advance(task),
+                                planned if cases is not None else None)
         targets: dict[str, Path] = {}
         for variant in cfg.dtypes:
-            task = bar.add_task(f"target {variant}", total=len(planned))
+            task = bar.add_task(f"target {variant}", total=total)
             targets[variant] = run_target(ref, out / f"{variant}.bundle", variant, cfg.target_device,
                                           lambda _k, t=task: bar.advance(t), cases)
         ref_bundle = Bundle.open(ref)
         rows = []
+        cases_meta = ref_bundle.manifest.run["sweep"]["cases"]
         for variant, path in targets.items():
-            rows += rows_from_comparison(ref_bundle.manifest.run["sweep"]["cases"],
-                                         compare(ref_bundle, path, mode="replay", budgets=budgets), variant)
+            if not Bundle.open(path).records:  # nothing ran on the target (the SKIPPED lines say why)
+                rows += missing_rows(cases_meta, variant, f"the target ran no case in {variant}")
+                continue
+            rows += rows_from_comparison(cases_meta, compare(ref_bundle, path, mode="replay", budgets=budgets), variant)
     skipped = list(ref_bundle.manifest.run["sweep"].get("skipped") or [])
     skipped += [f"{d.key}: {d.message}" for d in ref_bundle.manifest.diagnostics]
+    for variant, path in targets.items():  # an op the target device or dtype cannot run: why
+        skipped += [f"{variant} {d.key}: {d.message}" for d in Bundle.open(path).manifest.diagnostics]
     return SweepResult(ref, targets, SweepReport(rows, skipped))
 
 

@@ -39,7 +39,7 @@ class _WeightOnly(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        out = self._mm(x.reshape(-1, shape[-1]).to(self.act_dtype))
+        out = self._mm(x.reshape(-1, shape[-1]).to(self.act_dtype).contiguous())  # the kernels want a dense A
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*shape[:-1], self.out_features)

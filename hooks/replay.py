@@ -61,15 +61,31 @@ def replay(
            "variant": "fp64-golden" if golden else variant, "golden": golden,
            "reference_run": {k: v for k, v in ref.manifest.run.items() if k != "calls"}}
     rec = Recorder(Path(out), CaptureOptions(level="aten", mode=mode, progress=False))
+    ref_reasons = {d.key: d.message.removeprefix("not replayable: ") for d in ref.manifest.diagnostics if d.key}
     for record in ref.records:
         if record.output != 0 or record.kind != "aten":
             continue
         call = calls.get(record.key)
-        if call is None:
-            rec.diagnose(record.key, "not replayed: the reference recorded no call for this op")
+        if call is None:  # say why the reference could not record it, when it said so
+            why = ref_reasons.get(record.key, "the reference recorded no call for this op")
+            rec.diagnose(record.key, f"not replayed: {why}")
             continue
         _replay_one(rec, ref, record, call, target_device, cast)
     return rec.finish({**run, "level": "aten", "mode": mode}, environment(target_device))
+
+
+def not_replayed(diagnostics: Any, limit: int = 3) -> list[str]:
+    """Terminal lines for the ops a replay could not run, grouped by reason, e.g.
+    ``not replayed: 2 ops: the op draws random numbers (drop/aten.native_dropout#0, ...)``."""
+    by_reason: dict[str, list[str]] = {}
+    for d in diagnostics:
+        msg = d.message.removeprefix("not replayed: ").removeprefix("not replayable: ")
+        by_reason.setdefault(msg, []).append(d.key or "(run)")
+    lines = []
+    for reason, keys in sorted(by_reason.items(), key=lambda kv: -len(kv[1])):
+        shown = ", ".join(keys[:limit]) + (", ..." if len(keys) > limit else "")
+        lines.append(f"not replayed: {len(keys)} op{'s' if len(keys) != 1 else ''}: {reason} ({shown})")
+    return lines
 
 
 def _replay_one(rec: Recorder, ref: Bundle, record: Record, call: dict[str, Any], device: str,

@@ -89,7 +89,8 @@ def run_capture(
     if replay is not None:
         from hooks.replay import replay as replay_ops
 
-        return replay_ops(replay, spec, out, device=device, variant=variant, golden=golden, mode=mode, run=named)
+        return replay_ops(replay, spec or None, out, device=device, variant=variant, golden=golden, mode=mode,
+                          run=named)
     torch.manual_seed(seed)
     model, inputs, loss_fn = load_training_spec(spec)
     model, inputs, notes = apply_variant(model.eval(), inputs, variant, device, allow_partial)

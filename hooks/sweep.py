@@ -191,3 +191,37 @@ def _first_difference(a: list[str], b: list[str]) -> str:
         if x != y:
             return f"kernel {i}: {x} plain vs {y} under the mode"
     return f"{len(a)} kernels plain vs {len(b)} under the mode"
+
+
+def self_compare(opinfo: Any, max_samples: int = 4, workdir: Path | None = None) -> Any:
+    """Capture ``opinfo``'s CPU float32 samples twice at ``aten`` level and compare the two bundles;
+    returns the :class:`~accuracy.compare.ComparisonReport` (None when nothing was recorded). An
+    identical second run must fail nothing: outputs that hold uninitialised memory (``_ctc_loss``'s
+    log_alpha beyond the valid region) are auxiliary outputs, reported but not judged alone."""
+    from accuracy.compare import compare
+    from accuracy.errors import OpbandError
+
+    if opinfo.name in UNINITIALIZED:
+        return None
+    with torch.no_grad():
+        samples = []
+        for s in opinfo.sample_inputs("cpu", torch.float32, requires_grad=False):
+            samples.append(s)
+            if len(samples) >= max_samples:
+                break
+    model = torch.nn.Module()
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        paths = []
+        for run in range(2):
+            path = Path(tmp) / f"run{run}.bundle"
+            with capture(model, path, level="aten", mode="full", progress=False, fingerprints=False):
+                for i, s in enumerate(samples):
+                    try:
+                        _run(opinfo, s, i)
+                    except Exception:  # noqa: BLE001 - a sample the op itself rejects is not ours to judge
+                        continue
+            paths.append(path)
+        try:
+            return compare(paths[0], paths[1])
+        except OpbandError:  # nothing recorded (every sample rejected, or no op that moves numbers)
+            return None

@@ -230,8 +230,13 @@ class StatsBatch:
             return True
         n = values.numel()
         idx = _sample_index(n, values.device)
-        flat = values.reshape(-1)
-        live = flat.index_select(0, idx).to(torch.float64).tolist()
+        name = _KERNEL_DTYPES.get(values.dtype)
+        if name is not None and values.is_contiguous():  # by address, without torch ops (~1.5 us, not ~15)
+            out = np.empty(idx.numel())
+            fused.SAMPLE_AT[name](values.data_ptr(), idx.data_ptr(), idx.numel(), out)
+            live = out.tolist()
+        else:
+            live = values.reshape(-1).index_select(0, idx).to(torch.float64).tolist()
         stored = row[len(STAT_FIELDS):][: len(live)]
         return int(row[0]) == n and all(a == b or (a != a and b != b) for a, b in zip(live, stored, strict=True))
 

@@ -90,8 +90,8 @@ def _fail(message: str, code: int = 2) -> None:
 
 @app.command()
 def capture(
-    spec: Annotated[str, typer.Argument(help="package.module:function or path/to/file.py:function returning (model, inputs)")],
     out: Annotated[Path, typer.Option("-o", "--out", help="bundle file to write")],
+    spec: Annotated[Optional[str], typer.Argument(help="package.module:function or path/to/file.py:function returning (model, inputs); not given with --replay (the reference's ops are re-run, no model)")] = None,
     device: Annotated[Optional[str], typer.Option(help="cpu, cuda, npu ... (default: best available)")] = None,
     variant: Annotated[Variant, typer.Option(help="precision/quantization of the target run")] = Variant.fp32,
     level: Annotated[Level, typer.Option(help="module (forward hooks), api (torch functions) or aten (every ATen op)")] = Level.aten,
@@ -121,9 +121,15 @@ def capture(
 
     if golden and replay is None:
         _fail("--golden recomputes a reference's ops in float64: give the reference with --replay REF_BUNDLE")
+    if replay is not None and spec is not None:
+        _fail(f"--replay re-runs the ops recorded in {replay} without running a model, so SPEC {spec} would be "
+              "ignored: drop it (opband capture --replay REF -o OUT)")
+    if replay is None and spec is None:
+        _fail("give a SPEC (package.module:function or file.py:function returning (model, inputs)), "
+              "or --replay REF_BUNDLE")
     names = _names(label, target, tags)
     try:
-        path = run_capture(spec, out, device=device, variant=variant.value, level=level.value, mode=mode.value,
+        path = run_capture(spec or "", out, device=device, variant=variant.value, level=level.value, mode=mode.value,
                            seed=seed, modules=modules, ops=ops, max_bytes=max_bytes, replay=replay, golden=golden,
                            names=names, allow_partial=allow_partial, compile=compile_, train_steps=train_steps,
                            optimizer=optimizer, lr=lr, **({"inputs": True} if inputs else {}),
@@ -141,6 +147,11 @@ def capture(
     from hooks.gemm import describe
 
     b = Bundle.open(path)
+    if replay is not None:
+        from hooks.replay import not_replayed
+
+        for line in not_replayed(b.manifest.diagnostics):
+            typer.echo(line)
     if "variant_coverage" in b.manifest.run:
         typer.echo("\n".join(describe(b.manifest.run["variant_coverage"])))
     typer.echo(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, {len(b.records)} records, "
@@ -376,10 +387,12 @@ def sweep(
     sweep_file: Annotated[Optional[Path], typer.Argument(help="TOML/YAML sweep file (ops, shapes, dtypes, regimes ...); flags override it")] = None,
     out: Annotated[Path, typer.Option("-o", "--out", help="folder for reference.bundle and one <dtype>.bundle per target dtype")] = Path("sweep"),
     ops: Annotated[Optional[list[str]], typer.Option("--op", help="built-in name (softmax), ATen op (aten.erf) or torch function (torch.special.erf); repeatable. Default: the --from-bundle ops, else the built-in LLM list")] = None,
+    op_list: Annotated[Optional[Path], typer.Option(help="sweep the ops of this file too, one per line (as `opband coverage --op-list`)")] = None,
     shapes: Annotated[Optional[list[str]], typer.Option("--shape", help="input shapes as 'AxB,CxD' (one per tensor input); repeatable; replaces each op's defaults")] = None,
     dtypes: Annotated[Optional[list[str]], typer.Option("--dtype", help="target dtype: fp32 fp16 bf16 int8 fp8-e4m3 fp8-e5m2; repeatable (default bf16, fp16, int8)")] = None,
     regimes: Annotated[Optional[list[str]], typer.Option("--regime", help="normal large near_zero subnormal nonfinite ill_conditioned; repeatable (default all)")] = None,
     from_bundle: Annotated[Optional[Path], typer.Option(help="sweep the ATen ops of this captured bundle at their recorded input shapes")] = None,
+    reference: Annotated[Optional[Path], typer.Option(help="an existing sweep reference.bundle (e.g. made on the GPU machine): run only the --dtype targets on --target-device, on its stored inputs")] = None,
     reference_device: Annotated[Optional[str], typer.Option(help="reference device (default cuda when present, else cpu)")] = None,
     target_device: Annotated[Optional[str], typer.Option(help="target device (default cpu)")] = None,
     seed: Annotated[Optional[int], typer.Option(help="seed of the generated inputs")] = None,
@@ -395,11 +408,14 @@ def sweep(
 
     from accuracy.errors import OpbandError
 
+    from accuracy.coverage import load_op_list
+
     try:
-        cfg = make_config(sweep_file, ops=ops or (), shapes=shapes, dtypes=dtypes, regimes=regimes,
+        ops = [*(ops or []), *(load_op_list(op_list) if op_list else [])]
+        cfg = make_config(sweep_file, ops=ops, shapes=shapes, dtypes=dtypes, regimes=regimes,
                           from_bundle=str(from_bundle) if from_bundle else None, reference_device=reference_device,
                           target_device=target_device, seed=seed, max_shapes=max_shapes, exact_inputs=exact_inputs)
-        result = run_sweep(cfg, out)
+        result = run_sweep(cfg, out, reference=reference)
     except (CaseError, OpbandError, ValueError) as e:
         _fail(str(e))
     typer.echo(result.report.to_text())

@@ -93,9 +93,14 @@ class Client:
         params = {"limit": limit, **{k: v for k, v in filters.items() if v is not None}}
         return self._call("GET", f"/comparisons/{comparison_id}/ops", params=params)  # type: ignore[no-any-return]
 
-    def regressions(self, project: str, status: str = "active") -> dict[str, Any]:
+    def regressions(self, project: str, status: str = "active", limit: int = 50, offset: int = 0) -> dict[str, Any]:
         """The project's regressions: local out-of-band ops per op key and input shapes."""
-        return self._call("GET", f"/projects/{project}/regressions", params={"status": status})  # type: ignore[no-any-return]
+        return self._call("GET", f"/projects/{project}/regressions",  # type: ignore[no-any-return]
+                          params={"status": status, "limit": limit, "offset": offset})
+
+    def deviations(self, project: str) -> dict[str, Any]:
+        """The project's accepted deviations that have not expired."""
+        return self._call("GET", f"/projects/{project}/deviations")  # type: ignore[no-any-return]
 
     def close(self) -> None:
         self.http.close()

@@ -172,6 +172,7 @@ def run_gate(server: str, project: str, reference: Path, target: Path, *, token:
             return EXIT_ERROR
         with progress("fetching op results", unit="ops") as update:
             ops = all_ops(client, c["id"], on_page=lambda got, count: update(got, count))
+        accepted = accepted_failures(client, project, c, ops) if c["verdict"] == "fail" else None
     finally:
         client.close()
     link = dashboard_link(server, c["id"])
@@ -192,7 +193,44 @@ def run_gate(server: str, project: str, reference: Path, target: Path, *, token:
     except OSError as e:
         echo_err(f"error: cannot write a gate report: {e}; check that its folder exists and is writable")
         return EXIT_ERROR
+    if accepted is not None:
+        for line in accepted:
+            echo(line)
+        echo("PASSED | every local failure is accepted by a deviation that has not expired; "
+             "the comparison's verdict stays fail on the dashboard")
+        return EXIT_PASS
     return EXIT_FAIL if c["verdict"] == "fail" else EXIT_PASS
+
+
+def local_failures(ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The failing ops that are not inherited: the ones the service opens regressions for."""
+    return [o for o in ops if o["verdict"] == "fail" and not o["inherited"]]
+
+
+def accepted_failures(client: Client, project: str, c: dict[str, Any], ops: list[dict[str, Any]]) -> list[str] | None:
+    """``ACCEPTED | key | deviation …`` lines when every local failure of the comparison is a regression
+    that an unexpired accepted deviation accepted (as the service decided it), else None (the gate fails)."""
+    local = local_failures(ops)
+    if not local:
+        return None
+    regs: list[dict[str, Any]] = []
+    while True:
+        page = client.regressions(project, status="accepted", limit=1000, offset=len(regs))
+        regs += page["data"]
+        if not page["data"] or len(regs) >= page["count"]:
+            break
+    deviations = {d["id"]: d for d in client.deviations(project)["data"]}
+    by_op = {(r["key"], r["shape_signature"]): r for r in regs if r["last_comparison_id"] == c["id"]}
+    lines = []
+    for o in local:
+        reg = by_op.get((o["key"], o["shape_signature"]))
+        dev = deviations.get(reg["accepted_by"]) if reg is not None and reg.get("accepted_by") is not None else None
+        if dev is None:
+            return None
+        expiry = f"expires {dev['expires_at']}" if dev.get("expires_at") else "does not expire"
+        lines.append(f"ACCEPTED | {o['key']} | deviation #{dev['id']} ({dev['key_pattern']}) by {dev['author']}: "
+                     f"{dev['reason']}; {expiry}")
+    return lines
 
 
 def _upload(client: Client, project: str, path: Path, names: RunNames | None) -> dict[str, Any]:

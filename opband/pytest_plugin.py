@@ -45,6 +45,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "opband(dtypes=[...], regimes=[...], budgets={...}): defaults for the "
                                        "opband fixture's check() in this test")
+    for flag in ("--opband-target", "--opband-reference"):
+        device = config.getoption(flag)
+        if device and device != "cpu":  # a device this machine lacks is a usage error, said once
+            from hooks.runner import check_device
+
+            try:
+                check_device(device)
+            except ValueError as e:
+                raise pytest.UsageError(f"{flag} {device}: {e}") from None
 
 
 class OpbandCheckFailed(AssertionError):
@@ -76,7 +85,9 @@ class Checker:
         from hooks.opcheck import check_function
 
         self._count += 1
-        label = name or f"{self._request.node.name}_{self._count}"
+        base = name or getattr(fn, "__name__", "<lambda>")
+        base = self._request.node.name if base == "<lambda>" else base
+        label = base if self._count == 1 else f"{base}_{self._count}"
         out = self._out / f"check{self._count}"
         result = check_function(
             fn, inputs, out, name=label, op=op, dtypes=list(dtypes or self.defaults.get("dtypes") or ["bf16"]),
@@ -88,7 +99,8 @@ class Checker:
             lines = self._judge_on_server(result)
         failed = [line for line in lines if line.startswith(("FAILED", "MISSING"))]
         if failed:
-            raise OpbandCheckFailed("\n".join(lines + [f"bundles: {out}"]))
+            why = [f"SKIPPED | {s}" for s in result.report.skipped[:10]]  # e.g. the op raised on the target
+            raise OpbandCheckFailed("\n".join(lines + why + [f"bundles: {out}"]))
         return result.report
 
     def _judge_on_server(self, result: Any) -> list[str]:

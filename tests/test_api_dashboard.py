@@ -8,8 +8,10 @@ not the first divergence, although it is the worst op).
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
-from urllib.parse import quote
 
 import httpx
 import numpy as np
@@ -50,8 +52,9 @@ def test_dashboard_endpoints(live_server: LiveServer, tmp_path: Path) -> None:
                                                      environment={"threads": 4})))
 
     ov = c.get("/api/v1/projects/p/overview").json()
-    assert [(t["target"], t["verdict"], t["comparison_id"], t["first_divergence"], t["comparisons"])
-            for t in ov["targets"]] == [("fp32@cpu", "fail", drift, KEY(3), 6)]
+    assert [(t["target"], t["verdict"], t["comparison_id"], t["first_divergence"], t["runs"])
+            for t in ov["targets"]] == [("fp32@cpu", "fail", drift, KEY(3), 7)]  # the reference and 6 targets
+    assert ov["comparisons"] == 6 and [c["id"] for c in ov["recent"]] == [drift, *quiet[::-1]]
     assert ov["open_regressions"] == 1 and ov["regressions"][0]["key"] == KEY(3)
 
     runs = c.get(f"/api/v1/comparisons/{drift}/runs").json()
@@ -78,6 +81,7 @@ def test_dashboard_endpoints(live_server: LiveServer, tmp_path: Path) -> None:
     # op history: the band at each point is the tolerance bound of the runs accepted before it
     hist = c.get("/api/v1/projects/p/op-history", params={"key": KEY(3)}).json()
     (series,) = hist["series"]
+    assert hist["targets"] == ["fp32@cpu"] and hist["op"] == "aten.mm"
     pts = series["points"]
     assert [p["comparison_id"] for p in pts] == quiet + [drift]
     assert [p["band"] is None for p in pts] == [True] * 5 + [False]  # five accepted runs are the minimum
@@ -108,6 +112,9 @@ def test_dashboard_endpoints(live_server: LiveServer, tmp_path: Path) -> None:
     assert [o["key"] for o in hm["ops"]] == [KEY(i) for i in range(8)]
     assert {(i, j) for i, row in enumerate(hm["z"]) for j, v in enumerate(row) if v > 1} == {(3, 5), (5, 5)}
     assert hm["verdicts"][5][5] == "fail"
+    # ops that move together side by side: 3 and 5 drifted in the same run
+    similar = [o["key"] for o in c.get("/api/v1/projects/p/heatmap", params={"order": "similar"}).json()["ops"]]
+    assert sorted(similar) == [KEY(i) for i in range(8)] and abs(similar.index(KEY(3)) - similar.index(KEY(5))) == 1
 
     # the audit: who acknowledged, accepted (with expiry), and whose withdrawal re-opened it
     rid = ov["regressions"][0]["id"]
@@ -115,13 +122,19 @@ def test_dashboard_endpoints(live_server: LiveServer, tmp_path: Path) -> None:
     dev = c.post("/api/v1/projects/p/deviations", json={"key_pattern": KEY(3), "reason": "known", "author": "cy",
                                                        "expires_at": "2099-01-01T00:00:00Z"}).json()
     assert dev["accepted_regressions"] == 1
-    assert c.delete(f"/api/v1/projects/p/deviations/{dev['id']}").status_code == 204
+    bot = subprocess.run([sys.executable, "-m", "opband.cli", "token", "create", "--project", "p", "--name", "ci-bot",
+                          "--data-dir", str(live_server.data_dir)], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "OPBAND_DATABASE_URL": live_server.database_url}).stdout.strip()
+    assert c.delete(f"/api/v1/projects/p/deviations/{dev['id']}",
+                    headers={"Authorization": f"Bearer {bot}"}).status_code == 204  # re-opened by a named token
+    assert c.patch(f"/api/v1/regressions/{rid}", json={"status": "resolved", "note": "fixed upstream"}).status_code == 200
     events = c.get("/api/v1/projects/p/regression-events").json()
-    assert events["count"] == 3
-    assert [(e["status"], e["actor"], e["key"], e["target"]) for e in events["data"]] == [
-        ("active", "anonymous", KEY(3), "fp32@cpu"), ("accepted", "cy", KEY(3), "fp32@cpu"),
-        ("acknowledged", "bo", KEY(3), "fp32@cpu")]
-    assert events["data"][1]["expires_at"].startswith("2099-01-01") and events["data"][1]["deviation_id"] == dev["id"]
+    assert events["count"] == 4
+    assert [(e["status"], e["actor"], e["note"]) for e in events["data"]] == [
+        ("resolved", "anonymous", "fixed upstream"), ("active", "ci-bot", f"accepted deviation {dev['id']} withdrawn"),
+        ("accepted", "cy", "known"), ("acknowledged", "bo", None)]
+    assert {(e["key"], e["target"]) for e in events["data"]} == {(KEY(3), "fp32@cpu")}
+    assert events["data"][2]["expires_at"].startswith("2099-01-01") and events["data"][2]["deviation_id"] == dev["id"]
 
     # bad input: a clear 4xx, never a traceback
     assert c.get("/api/v1/projects/p/op-history", params={"key": "nope"}).status_code == 404
@@ -130,13 +143,14 @@ def test_dashboard_endpoints(live_server: LiveServer, tmp_path: Path) -> None:
 
 
 def test_category_of_names_what_changed() -> None:
-    from api.store.dashboard_queries import category_of
+    from accuracy.envdiff import category_of
 
     assert {f: category_of(f) for f in (
         "environment.torch", "environment.cuda", "environment.cudnn", "environment.threads", "environment.tf32_matmul",
         "environment.deterministic", "run.seed", "run.variant", "environment.device_name", "run.device",
-        "environment.git_commit", "environment.hostname")} == {
+        "environment.git_commit", "environment.hostname", "tags.cann", "tags.op-library", "tags.branch")} == {
         "environment.torch": "torch", "environment.cuda": "driver", "environment.cudnn": "op library",
         "environment.threads": "threads", "environment.tf32_matmul": "flags", "environment.deterministic": "flags",
         "run.seed": "inputs", "run.variant": "dtype", "environment.device_name": "driver", "run.device": "device",
-        "environment.git_commit": "code", "environment.hostname": "other"}
+        "environment.git_commit": "code", "environment.hostname": "other", "tags.cann": "driver",
+        "tags.op-library": "op library", "tags.branch": "code"}

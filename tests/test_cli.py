@@ -90,8 +90,10 @@ def test_replay_of_a_missing_or_broken_bundle_exits_2(tmp_path: Path) -> None:
     junk = tmp_path / "junk.bundle"
     junk.write_bytes(b"junk!")
     for ref, says in ((tmp_path / "nope.bundle", "cannot read bundle"), (junk, "8-byte header")):
-        r = opband("capture", "hooks.demo_model:build", "-o", str(tmp_path / "x.bundle"), "--replay", str(ref))
+        r = opband("capture", "-o", str(tmp_path / "x.bundle"), "--replay", str(ref))
         assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, r.stderr[-1500:]
+    r = opband("capture", "hooks.demo_model:build", "-o", str(tmp_path / "x.bundle"), "--replay", str(junk))
+    assert r.returncode == 2 and "SPEC hooks.demo_model:build would be ignored: drop it" in r.stderr
     r = opband("capture", "hooks.demo_model:build", "-o", str(tmp_path / "x.bundle"), "--golden")
     assert r.returncode == 2 and "--replay REF_BUNDLE" in r.stderr
 

@@ -62,18 +62,18 @@ def test_coverage_of_captures_and_a_sweep(tmp_path: Path) -> None:
         with torch.no_grad(), capture(m, tmp_path / f"{variant}.bundle", run={"variant": variant, "label": "tiny"},
                                       progress=False):
             m(ids)
-    sweep = run_sweep(SweepConfig(ops=[OpSpec("gelu"), OpSpec("sum")], dtypes=["fp16"], regimes=["normal", "large"]),
+    sweep = run_sweep(SweepConfig(ops=[OpSpec("gelu"), OpSpec("rsqrt")], dtypes=["bf16"], regimes=["normal", "subnormal"]),
                       tmp_path / "sweep", progress=False)
-    paths = [tmp_path / "fp32.bundle", tmp_path / "bf16.bundle", sweep.reference, sweep.targets["fp16"]]
-    (tmp_path / "ops.txt").write_text("aten.mm\naten.gelu\naten.sum\naten.conv2d\n")
+    paths = [tmp_path / "fp32.bundle", tmp_path / "bf16.bundle", sweep.reference, sweep.targets["bf16"]]
+    (tmp_path / "ops.txt").write_text("aten.mm\naten.gelu\naten.rsqrt\naten.conv2d\n")
     report = coverage_of_bundles(paths, load_op_list(tmp_path / "ops.txt"))
     assert report.models == ["tiny", "sweep"]
     gelu = report.ops["aten.gelu"].by_model["sweep"]
-    assert gelu.regimes == {"normal", "large"} and gelu.dtypes == {"float32", "float16"} and gelu.state() == "pass 2"
-    assert report.ops["aten.sum"].by_model["sweep"].state() == "FAIL 1/2", "fp16 sums of 1e4-sized terms overflow"
+    assert gelu.regimes == {"normal", "subnormal"} and gelu.dtypes == {"float32", "bfloat16"}
+    assert report.ops["aten.rsqrt"].by_model["sweep"].state() == "FAIL 1/2", "bf16 rsqrt of subnormals is inf on CPU"
     assert report.ops["aten.mm"].by_model["tiny"].dtypes == {"float32", "bfloat16"}
     assert report.ops["aten.mm"].by_model["tiny"].state().startswith("pass")
-    assert report.covered == ["aten.mm", "aten.gelu", "aten.sum"] and report.uncovered == ["aten.conv2d"]
+    assert report.covered == ["aten.mm", "aten.gelu", "aten.rsqrt"] and report.uncovered == ["aten.conv2d"]
 
     r = subprocess.run([OPBAND, "coverage", *map(str, paths), "--op-list", str(tmp_path / "ops.txt"),
                         "--json", str(tmp_path / "cov.json")], capture_output=True, text=True, timeout=300)

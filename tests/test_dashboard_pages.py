@@ -27,6 +27,7 @@ LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-ru
 #: the synthetic model: op 3 drifts in the last run, op 5 carries its error downstream (inherited)
 SYNTH_OPS = [SynthOp(f"model.layers.{i}.mlp", shape=(256,)) for i in range(8)]
 QUIET, DRIFT = 2e-7, 3e-2
+KEY3 = "model.layers.3.mlp/aten.mm#0"
 
 
 @dataclass
@@ -37,8 +38,19 @@ class Site:
     ids: dict[str, str]  # comparison ids: demo_threads, demo_bf16, demo_int8, demo_bug, synth_quiet_0..5, synth_drift
 
 
-def _upload(c: httpx.Client, project: str, path: Path, token: str) -> str:
-    r = c.post(f"/api/v1/projects/{project}/bundles", content=path.read_bytes(),
+#: demo runs' names (label, target name, tags), given at upload as `opband upload --label --target --tag` does
+DEMO_NAMES = {
+    "ref": ("fp32-2threads", "cpu/fp32", ["branch=main"]),
+    "ref2": ("fp32-1thread", "cpu/fp32", ["branch=main"]),
+    "bf16": ("bf16-nightly", "cpu/bf16", ["branch=main"]),
+    "int8": ("int8-nightly", "cpu/int8", ["branch=main"]),
+    "bug": ("fast-sigmoid", "cpu/fp32-fastmath", ["branch=feature/fast-sigmoid", "op-library=fastmath-0.1"]),
+}
+
+
+def _upload(c: httpx.Client, project: str, path: Path, token: str, names: tuple[str, str, list[str]] | None = None) -> str:
+    params = {"label": names[0], "target": names[1], "tag": names[2]} if names else None
+    r = c.post(f"/api/v1/projects/{project}/bundles", content=path.read_bytes(), params=params,
                headers={"Authorization": f"Bearer {token}"})
     assert r.status_code in (200, 201), r.text
     return str(r.json()["id"])
@@ -69,8 +81,8 @@ def site(tmp_path_factory: pytest.TempPathFactory, demo_bundles: dict[str, Path]
             assert c.patch("/api/v1/projects/demo", json={"public": True}, headers=auth).status_code == 200
             assert c.patch("/api/v1/projects/synth", json={"public": True},
                            headers={"Authorization": f"Bearer {synth_token}"}).status_code == 200
-            b = {k: _upload(c, "demo", demo_bundles[k], write) for k in ("ref", "ref2", "bf16", "int8")}
-            b["bug"] = _upload(c, "demo", bug, write)
+            b = {k: _upload(c, "demo", demo_bundles[k], write, DEMO_NAMES[k]) for k in ("ref", "ref2", "bf16", "int8")}
+            b["bug"] = _upload(c, "demo", bug, write, DEMO_NAMES["bug"])
             ids["demo_threads"] = _compare(c, "demo", b["ref"], b["ref2"], write)
             ids["demo_bf16"] = _compare(c, "demo", b["ref"], b["bf16"], write)
             ids["demo_int8"] = _compare(c, "demo", b["ref"], b["int8"], write)
@@ -140,7 +152,9 @@ def _shot(pg, artifacts: Path, name: str, full_page: bool = True) -> None:  # ty
 
 def test_overview_targets_regressions_and_drift_include_first_divergences(site: Site, page, artifacts_dir: Path) -> None:
     ov = _api(site, "/projects/demo/overview")
-    assert sorted(t["target"] for t in ov["targets"]) == ["bf16@cpu", "fp32@cpu", "int8@cpu"]
+    assert [(t["target"], t["label"]) for t in ov["targets"]] == [
+        ("cpu/bf16", "bf16-nightly"), ("cpu/fp32", "fp32-1thread"), ("cpu/fp32-fastmath", "fast-sigmoid"),
+        ("cpu/int8", "int8-nightly")]
     page.goto(f"{site.server.url}/#/p/demo")
     page.wait_for_function("window.opbandDriftKeys !== undefined", timeout=30_000)
     for t in ov["targets"]:
@@ -159,10 +173,23 @@ def test_overview_targets_regressions_and_drift_include_first_divergences(site: 
     plotted = page.evaluate("document.getElementById('drift').data.reduce((n, t) => n + t.y.filter(v => v !== null).length, 0)")
     assert plotted == page.evaluate("window.opbandDriftPoints") > 0
     _shot(page, artifacts_dir, "overview")
+    # the old link form lands on the project's overview
+    page.goto(f"{site.server.url}/?project=synth")
+    page.wait_for_function("location.hash === '#/p/synth'")
+    page.wait_for_selector("#targets tr[data-target='fp32@cpu']")
+    page.goto(f"{site.server.url}/#/p/demo")
+    page.wait_for_selector("#targets tr[data-target='cpu/fp32-fastmath']")
     # three clicks from the overview: comparison -> first divergence's op page
-    page.locator("#targets tr[data-target='int8@cpu'] a").first.click()
+    page.locator("#targets tr[data-target='cpu/fp32-fastmath'] a[href^='#/comparison/']").click()
     page.wait_for_selector("#env-diff")
-    assert "/comparison/" + site.ids["demo_int8"] in page.url
+    assert "/comparison/" + site.ids["demo_bug"] in page.url
+    assert page.locator(".run-card dd.label").all_inner_texts() == ["fp32-2threads", "fast-sigmoid"]
+    assert "op library" in page.locator("#env-summary .chip").all_text_contents()  # from the runs' tags
+    assert page.locator("#env-diff tr[data-category=code] code").all_inner_texts() == ["tags.branch"]
+    _shot(page, artifacts_dir, "comparison-named")
+    page.locator("#first-divergence").click()
+    page.wait_for_function("window.opbandHistogram !== undefined", timeout=30_000)
+    assert "/op/demo/" in page.url and "target=cpu%2Ffp32-fastmath" in page.url
 
 
 def test_comparison_header_env_diff_filters_and_folding(site: Site, page, artifacts_dir: Path) -> None:
@@ -233,6 +260,7 @@ def test_op_page_history_band_budget_histogram_and_stats(site: Site, page, artif
     assert detail["reference_stats"]["numel"] == detail["target_stats"]["numel"] == 256
     assert page.locator("#accepted tbody tr").count() == 6
     assert page.locator("#run-title .badge").inner_text() == "fail"
+    assert page.locator("#op-target option").all_inner_texts()[1:] == ["bf16@cpu", "fp32@cpu"]  # filtered, all listed
     _shot(page, artifacts_dir, "op")
     # clicking an earlier point selects that run
     page.goto(f"{site.server.url}/#/op/synth/{quote(key, safe='')}?target=fp32%40cpu&run={site.ids['synth_quiet_0']}")
@@ -253,7 +281,21 @@ def test_heatmap_renders_the_apis_cells(site: Site, page, artifacts_dir: Path) -
     drawn = {(data["y"][i][13], j) for i, row in enumerate(data["z"]) for j, v in enumerate(row) if v > 0}
     assert drawn == over  # log10(severity) > 0 exactly where the API says the op was out of band
     assert page.evaluate("window.opbandHeatmap") == {"runs": 8, "ops": 8, "cells": 64}
+    page.select_option("#hm-order", "similar")  # ops that move together side by side: 3 and 5 drifted together
+    page.wait_for_function("location.hash.includes('order=similar')")
+    page.wait_for_function("document.getElementById('heatmap').data[0].y.join() !== %r" % ",".join(data["y"]))
+    rows = page.evaluate("document.getElementById('heatmap').data[0].y")
+    assert abs(rows.index(KEY3) - rows.index("model.layers.5.mlp/aten.mm#0")) == 1
     _shot(page, artifacts_dir, "heatmap")
+    page.evaluate("window.opbandHeatmap = undefined")
+    page.goto(f"{site.server.url}/#/p/synth/heatmap?order=similar")  # the permalink keeps the row order
+    page.wait_for_function("window.opbandHeatmap !== undefined")
+    assert page.evaluate("document.getElementById('heatmap').data[0].y") == rows
+    # a cell opens that op's page at that run (Plotly's click event, as a click on the cell emits it)
+    page.evaluate("el => el.emit('plotly_click', {points: [{y: %r, pointNumber: [%d, 6]}]})" % (KEY3, rows.index(KEY3)),
+                  page.locator("#heatmap").element_handle())
+    page.wait_for_function("location.hash.startsWith('#/op/synth/')")
+    assert f"run={site.ids['synth_drift']}" in page.url and "target=fp32%40cpu" in page.url
 
 
 def test_regression_actions_need_a_write_token_and_are_audited(site: Site, page, artifacts_dir: Path) -> None:

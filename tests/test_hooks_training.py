@@ -67,21 +67,17 @@ def test_first_diverging_gradient_is_named(runs: dict[str, Path]) -> None:
     assert "first divergence: fc1/backward#0" in text
 
 
-def test_model_own_loss_from_the_cli(tmp_path: Path) -> None:
+def test_model_own_loss(tmp_path: Path) -> None:
     """A Hugging Face model given labels returns .loss: no loss function needed."""
     pytest.importorskip("transformers")
-    out = tmp_path / "gpt2.bundle"
-    r = subprocess.run([str(Path(sys.executable).parent / "opband"), "capture", f"{SPECS}:gpt2_own_loss", "-o",
-                        str(out), "--backward", "--level", "module", "--device", "cpu"],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    b = Bundle.open(out)
+    b = Bundle.open(run_capture(f"{SPECS}:gpt2_own_loss", tmp_path / "gpt2.bundle", device="cpu", backward=True,
+                                level="module", progress=False))
     params = {r.module for r in b.records if r.op == "grad.weight"}
     assert "transformer.h.1.mlp.c_fc" in params and "transformer.wte" in params
     assert b.manifest.run["training"]["loss"] == "model output"
 
 
-def test_backward_without_a_loss_says_what_to_do(tmp_path: Path) -> None:
+def test_backward_without_a_loss_says_what_to_do_on_the_cli(tmp_path: Path) -> None:
     spec = tmp_path / "noloss.py"
     spec.write_text("import torch\ndef build():\n    return torch.nn.Linear(2, 3), (torch.randn(4, 2),)\n")
     r = subprocess.run([str(Path(sys.executable).parent / "opband"), "capture", f"{spec}:build", "-o",

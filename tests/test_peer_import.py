@@ -75,18 +75,21 @@ def test_msprobe_dump_aligns_with_opbands_capture(msprobe_dumps, opband_capture,
     assert imported.manifest.run["imported_from"]["level"] == level
     assert all((r.tensor is not None) == (task == "tensor") for r in imported.records)
     report = accuracy.compare(opband_capture, bundle)
-    # every imported record finds opband's record by op key, and matches it: same model, same weights
-    assert not [u for u in report.unmatched if u.side == "target"]
     measured = [o for o in report.ops if o.metrics is not None]
-    assert {o.aligned_by for o in measured} == {"key"}
+    assert {o.aligned_by for o in measured} == {"key"}, "imported records take opband's op keys"
     assert {o.verdict for o in measured} == {"pass"}, [(o.id, o.reason) for o in measured if o.verdict != "pass"]
     kinds = Counter(o.kind for o in measured)
+    assert kinds["module"] == 2 * 13 + 4, kinds  # every module output: per layer 13; embed, norm, model, lm_head
+    unpaired = {u.record.module for u in report.unmatched if u.side == "target"}
     if level == "L0":
-        assert kinds == {"module": 2 * 13 + 4}, kinds  # per layer 13 modules; embed, norm, model, lm_head
-        assert "model.layers.1.mlp.down_proj/forward#0" in {o.key for o in measured}
+        assert not unpaired and set(kinds) == {"module"}
     else:
-        assert kinds["api"] >= 60 and "model.layers.1.mlp.down_proj/torch.nn.functional.linear#0" in {o.key for o in measured}
-        assert "model/torch.Tensor.__rtruediv__#0" in {o.key for o in measured}, "reciprocal + __mul__ = scalar / t"
+        # msprobe's dump.json leaves out calls its construct.json lists (arange, cat, triu, casts): ops pair by
+        # position inside a module, so past such a gap the module's output record is the comparison
+        assert unpaired <= {"model", "model.layers.0.self_attn", "model.layers.1.self_attn"}, unpaired
+        assert kinds["api"] >= 40 and "model.layers.1.mlp.down_proj/torch.nn.functional.linear#0" in {o.key for o in measured}
+        assert "model.layers.1.input_layernorm/torch.rsqrt#0" in {o.key for o in measured}
+        assert "model/torch.Tensor.__rtruediv__#0" in {r.key for r in imported.records}, "reciprocal + __mul__ = scalar / t"
     if task == "tensor":
         assert max(o.metrics.max_abs for o in measured) == 0.0, "both are the fp32 CPU run: bitwise equal"
     else:  # msprobe's statistics of the masked scores include -inf: left out and said so
@@ -208,6 +211,9 @@ def test_polygraphy_run_results(tmp_path: Path) -> None:
     np.testing.assert_allclose(bundle.record_values("0/onnx.Gemm#0"), hidden.numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(bundle.record_values("1/onnx.Gelu#0"), model[1](hidden).numpy(), rtol=1e-5, atol=1e-6)
     assert accuracy.compare(bundle.path, bundle.path).verdict == "pass"
+    cli = subprocess.run([OPBAND, "import", "polygraphy", str(tmp_path / "out.json"), "-o", str(tmp_path / "cli.bundle")],
+                         capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0 and cli.stdout.startswith(f"wrote {tmp_path / 'cli.bundle'} (3 records"), cli.stderr
 
     data = json.loads((tmp_path / "out.json").read_text())
     out = data["lst"][0][1][0]["outputs"]

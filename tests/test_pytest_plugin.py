@@ -39,20 +39,34 @@ def test_naive_softmax_fails_on_large_logits(opband):
 @pytest.mark.opband(dtypes=["bf16"])
 def test_naive_softmax_passes_on_normal_logits(opband):
     opband.check(naive_softmax, torch.randn(4, 128), op="aten._softmax")
+
+
+def test_unsupported_on_the_target(opband):
+    def only_fp32(x):
+        if x.dtype != torch.float32:
+            raise TypeError("this kernel has no half-precision path")
+        return x * 2
+    opband.check(only_fp32, torch.randn(8), dtypes=["fp16"])
 '''
 
 
 def test_plugin_in_a_fresh_project(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_ops=TESTS)
     result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider", "--opband-target", "cpu")
-    result.assert_outcomes(passed=2, failed=1)
+    result.assert_outcomes(passed=2, failed=2)
     out = result.stdout.str()
     result.stdout.fnmatch_lines([
         "FAILED | naive_softmax bf16 shape 4x128 regime large (op aten._softmax, "
         "key pytest.naive_softmax.large.4x128/aten._softmax#0) | * NaN where the reference is finite",
         "Note: each op ran alone on the reference's stored inputs*",
     ])
-    assert "regime given" not in out, "the given inputs pass: only the large regime fails"
+    assert "regime given (op check.naive_softmax" not in out, "the given inputs pass: only the large regime fails"
+    result.stdout.fnmatch_lines(["MISSING | only_fp32 fp16 shape 8 regime given *",
+                                 "SKIPPED | fp16 pytest.only_fp32.given.8/check.only_fp32#0: check.only_fp32 raised "
+                                 "TypeError: this kernel has no half-precision path"])
+    bad = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider", "--opband-target", "cuda:7")
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    bad.stderr.fnmatch_lines(["*--opband-target cuda:7: device cuda:7 is not available*"])
     assert "Traceback" not in out and "opband/pytest_plugin.py" not in out
 
 

@@ -126,5 +126,13 @@ def test_gate_exit_codes(live_server: LiveServer, demo_bundles: dict[str, Path],
     with httpx.Client(base_url=live_server.url) as c:
         regs = c.get("/api/v1/projects/g/regressions").json()
     assert regs["count"] == 1 and regs["data"][0]["key"].startswith("model.layers.1.mlp.down_proj/")
+    # an accepted deviation covers the failure: the gate passes and says so, with the expiry
+    with httpx.Client(base_url=live_server.url) as c:
+        c.post("/api/v1/projects/g/deviations", json={"key_pattern": regs["data"][0]["key"], "reason": "known kernel",
+                                                      "author": "ci", "expires_at": "2099-01-01T00:00:00Z"})
+    accepted = gate(faulty)
+    assert accepted.returncode == 0, accepted.stdout + accepted.stderr
+    assert f"ACCEPTED | {regs['data'][0]['key']} | deviation #" in accepted.stdout
+    assert "known kernel; expires 2099-01-01" in accepted.stdout
     down = gate(faulty, server="http://127.0.0.1:9")
     assert down.returncode == 2 and "cannot reach" in down.stderr

@@ -8,6 +8,8 @@ marked ``fast`` run in ``make test``; the whole zoo runs in ``make sweep`` (and 
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -90,6 +92,10 @@ def test_different_inputs_make_runs_incomparable(references: dict[str, Path], tm
     tgt = zoo.capture_run(_variant("llama16", longer), None, tmp_path / "t.bundle")
     with pytest.raises(OpbandError, match=r"different inputs: input_ids shape 2x12 vs 2x16"):
         accuracy.compare(references["llama"], tgt)
+    cli = subprocess.run([sys.executable, "-m", "opband.cli", "compare", str(references["llama"]), str(tgt)],
+                         capture_output=True, text=True, timeout=300)
+    assert cli.returncode == 2 and "the two runs had different inputs: input_ids shape 2x12 vs 2x16" in cli.stderr
+    assert "Traceback" not in cli.stderr
 
     def other_tokens() -> tuple[object, zoo.Inputs]:
         model, inputs = zoo.BY_NAME["llama"].build()

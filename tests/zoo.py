@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -156,7 +156,6 @@ class Case:
     threads: int | None = None
     fault: str | None = None
     module: str | None = None  # where the fault goes, and what the first divergence must name
-    expect: str = field(default="pass")
 
     @property
     def benign(self) -> bool:
@@ -325,8 +324,12 @@ BY_NAME = {m.name: m for m in MODELS}
 
 
 # -- running a case -------------------------------------------------------------------------------
+#: Capture options of every zoo run (``benchmarks/zoo.py --level``/``--inputs`` change them).
+CAPTURE_OPTIONS: dict[str, Any] = {"level": "aten"}
+
+
 def capture_run(model_entry: Model, case: Case | None, path: Path) -> Path:
-    """Capture one forward pass of the model (the reference when ``case`` is None) at aten level."""
+    """Capture one forward pass of the model (the reference when ``case`` is None), aten level by default."""
     model, inputs = model_entry.build()
     variant = case.variant if case else "fp32"
     if case is not None and case.fault is not None:
@@ -337,7 +340,7 @@ def capture_run(model_entry: Model, case: Case | None, path: Path) -> Path:
     if case is not None and case.threads:
         torch.set_num_threads(case.threads)
     try:
-        with torch.no_grad(), capture(model, path, run={**notes, "device": "cpu"}, progress=False):
+        with torch.no_grad(), capture(model, path, run={**notes, "device": "cpu"}, progress=False, **CAPTURE_OPTIONS):
             model(**inputs)
     finally:
         torch.set_num_threads(threads)
@@ -379,7 +382,3 @@ def describe(report: ComparisonReport) -> tuple[str, str]:
     """(verdict, first divergence in words) for the zoo table."""
     fd = report.first_divergence
     return report.verdict, ("-" if fd is None else f"{fd.module or '<root>'} {fd.op}#{fd.key.rsplit('#', 1)[-1]}")
-
-
-def inputs_of(model_entry: Model) -> Any:
-    return model_entry.build()[1]

@@ -353,16 +353,15 @@ def _update_regressions(s: Any, job: Comparison, report: accuracy.ComparisonRepo
     seen = {r.last_comparison_id for r in by_series.values()}
     last_seen_at = dict(s.execute(select(Comparison.id, Comparison.created_at).where(Comparison.id.in_(seen))).all())
     job_at = _aware(job.created_at)
-    has_ops = any(o.kind != "module" for o in report.ops)
     for o in report.ops:
         ser = series[(o.id, o.shape_signature, o.dtype)]
         reg = by_series.get(ser.id)
         if reg is not None and reg.last_comparison_id in last_seen_at \
                 and _aware(last_seen_at[reg.last_comparison_id]) > job_at:
             continue
-        # a module only contains its ops' error, unless it is the first divergence: its own ops ran another
-        # implementation or were not captured, and its boundary is where the error shows
-        local = not o.inherited and (o.kind != "module" or not has_ops or o is report.first_divergence)
+        # a module output that only carries its own ops' error is marked inherited by compare; one whose own ops
+        # ran another implementation (or were not captured) is local: its boundary is where the error shows
+        local = not o.inherited
         if o.verdict == "fail" and local:
             match = next((d for d in deviations if fnmatch.fnmatchcase(o.id, d.key_pattern)
                           and d.shape_signature in (None, o.shape_signature)), None)

@@ -238,7 +238,7 @@ def create_comparison(project: ProjectName, body: ComparisonCreate, svc: Service
         if side == "reference" and body.mode == "golden" and not is_golden_run(run):
             raise InvalidInput(f"mode golden needs a float64 recomputation of the reference as the reference, and "
                                f"bundle {bid} is a {run.get('variant', '?')} capture: upload the bundle of "
-                               "`opband capture SPEC --replay REF --golden` and compare it with the target")
+                               "`opband capture --replay REF --golden -o GOLDEN.bundle` and compare it with the target")
     with svc.db.session() as s:
         c = Comparison(id=uuid.uuid4().hex, project_id=proj.id, reference_id=body.reference,
                        target_id=body.target, mode=body.mode, status="pending")

@@ -8,13 +8,20 @@ from fastapi import APIRouter, Query
 
 from api.dashboard_schemas import ComparisonRuns, Heatmap, OpDetail, OpGroups, OpHistory, Overview, RegressionEventPublic
 from api.limits import MAX_ROW_ID
-from api.routes.core import Limit, Offset, ProjectName, ServicesDep, TokenDep, _project_of_comparison, read_project
+from api.routes.core import Limit, Offset, ProjectName, ServicesDep, TokenDep, read_project, readable
 from api.schemas import Page
+from api.services import Services
+from api.store.models import Comparison
 from api.store import dashboard_queries as dq
 from api.store import queries
 
 router = APIRouter(tags=["dashboard"])
 OpKey = Annotated[str, Query(min_length=1, max_length=1000, description="op key, e.g. model.layers.0.mlp/aten.mm#0")]
+
+
+def readable_comparison(svc: Services, comparison_id: str, token: str | None) -> Comparison:
+    """The comparison, if the token may read its project (another project's gets the same 404 as a missing one)."""
+    return readable(svc, token, lambda: queries.get_comparison(svc.db, comparison_id), "comparison", comparison_id)
 
 
 @router.get("/projects/{project}/overview", response_model=Overview)
@@ -26,7 +33,7 @@ def overview(project: ProjectName, svc: ServicesDep, token: TokenDep) -> Overvie
 @router.get("/comparisons/{comparison_id}/runs", response_model=ComparisonRuns)
 def comparison_runs(comparison_id: str, svc: ServicesDep, token: TokenDep) -> ComparisonRuns:
     """Both runs of a comparison (labels, targets, devices, variants, tags) and their environment diff."""
-    return dq.comparison_runs(svc.db, _project_of_comparison(svc, comparison_id, token))
+    return dq.comparison_runs(svc.db, readable_comparison(svc, comparison_id, token))
 
 
 @router.get("/comparisons/{comparison_id}/op-groups", response_model=OpGroups)
@@ -39,7 +46,7 @@ def op_groups(
     sort: str = "worst", order: str = "desc", limit: Limit = 50, offset: Offset = 0,
 ) -> OpGroups:
     """Every op of a comparison, filtered and paged; inherited failures folded under their first divergence."""
-    _project_of_comparison(svc, comparison_id, token)
+    readable_comparison(svc, comparison_id, token)
     rows, count = queries.op_results(svc.db, comparison_id, op=op, module=module, verdict=verdict, search=search,
                                      inherited=False if fold else None, sort=sort, order=order,
                                      limit=limit, offset=offset)
@@ -49,7 +56,7 @@ def op_groups(
 @router.get("/comparisons/{comparison_id}/op", response_model=OpDetail)
 def op_detail(comparison_id: str, key: OpKey, svc: ServicesDep, token: TokenDep) -> OpDetail:
     """One op in one comparison: metrics, error histogram and quantiles, reference and target statistics."""
-    return dq.op_detail(svc.db, svc.store, _project_of_comparison(svc, comparison_id, token), key)
+    return dq.op_detail(svc.db, svc.store, readable_comparison(svc, comparison_id, token), key)
 
 
 @router.get("/projects/{project}/op-history", response_model=OpHistory)
@@ -62,9 +69,11 @@ def op_history(project: ProjectName, key: OpKey, svc: ServicesDep, token: TokenD
 @router.get("/projects/{project}/heatmap", response_model=Heatmap)
 def heatmap(project: ProjectName, svc: ServicesDep, token: TokenDep, metric: str = "severity",
             target: str | None = None, runs: Annotated[int, Query(ge=1, le=200)] = 30,
-            ops: Annotated[int, Query(ge=1, le=500)] = 60) -> Heatmap:
+            ops: Annotated[int, Query(ge=1, le=500)] = 60,
+            order: Annotated[str, Query(description="execution (where drift starts) or similar (ops that move "
+                                                    "together side by side)")] = "execution") -> Heatmap:
     """Ops x the latest comparisons, coloured by severity: where drift started and which ops move together."""
-    return dq.heatmap(svc.db, read_project(svc, project, token), metric, target, runs, ops)
+    return dq.heatmap(svc.db, read_project(svc, project, token), metric, target, runs, ops, order)
 
 
 @router.get("/projects/{project}/regression-events", response_model=Page[RegressionEventPublic])

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from api.store import curation, queries
-from api.auth import authorize
+from api.auth import authorize, token_name
 from api.store.models import Project
 from api.limits import RowId
 from api.routes.core import BundleId, ProjectName, ServicesDep, TokenDep, readable, readable_bundle, read_project
@@ -72,7 +72,8 @@ def list_deviations(project: ProjectName, svc: ServicesDep, token: TokenDep,
 
 @router.delete("/projects/{project}/deviations/{deviation_id}", status_code=204)
 def delete_deviation(project: ProjectName, deviation_id: RowId, svc: ServicesDep, token: TokenDep) -> Response:
-    curation.delete_deviation(svc.db, write_project(svc, project, token), deviation_id)
+    curation.delete_deviation(svc.db, write_project(svc, project, token), deviation_id,
+                              token_name(svc.db, token) or "anonymous")
     return Response(status_code=204)
 
 
@@ -80,7 +81,8 @@ def delete_deviation(project: ProjectName, deviation_id: RowId, svc: ServicesDep
 def update_regression(regression_id: RowId, body: RegressionUpdate, svc: ServicesDep, token: TokenDep) -> RegressionPublic:
     """Acknowledge (or re-open, accept, resolve) a regression."""
     readable(svc, token, lambda: queries.get_regression(svc.db, regression_id), "regression", regression_id, write=True)
-    row = curation.set_regression_status(svc.db, regression_id, body.status, body.author or "anonymous", body.note)
+    actor = body.author or token_name(svc.db, token) or "anonymous"
+    row = curation.set_regression_status(svc.db, regression_id, body.status, actor, body.note)
     return RegressionPublic.model_validate(row)
 
 

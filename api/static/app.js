@@ -52,8 +52,11 @@ async function route() {
     const wanted = new URLSearchParams(location.search).get("project");
     const first = wanted || projects[0]?.name;
     if (first) { location.replace(`#/p/${enc(first)}`); return; }
-    view.innerHTML = `<section><h2>No projects yet</h2><p class="empty">Upload two bundles and compare them
-      (<code>opband gate</code> or <code>opband demo</code>). A private project needs a token: set it under <b>token</b>.</p></section>`;
+    view.innerHTML = `<section><h2>No public projects</h2><p class="empty">Upload two bundles and compare them
+      (<code>opband gate</code> or <code>opband demo</code>). A private project is not listed: set its token under
+      <b>token</b> and open it by name.</p>
+      <form id="open-project" class="filters"><label>project <input name="project" required placeholder="name"></label><button>open</button></form></section>`;
+    $("#open-project").addEventListener("submit", (e) => { e.preventDefault(); location.hash = `#/p/${enc(e.target.elements.project.value.trim())}`; });
     return;
   }
   if (r.project) setProject(r.project);

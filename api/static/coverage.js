@@ -1,16 +1,13 @@
 // opband coverage page: the op x model matrix of a project (GET /api/v1/projects/{p}/coverage).
-"use strict";
-const get = (path) => fetch("/api/v1" + path).then(async (r) => {
-  if (!r.ok) throw new Error((await r.json().catch(() => ({}))).detail || r.statusText);
-  return r.json();
-});
-const $ = (sel) => document.querySelector(sel);
-const esc = (s) => String(s ?? "").replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" }[c]));
+// Token-aware calls and escaping come from the dashboard's shared ui.js (a project may need a token to read).
+import { $, api as get, esc } from "/static/ui.js";
+
 const stateClass = (s) => s.startsWith("FAIL") ? "fail" : s.startsWith("WARN") ? "warn" : s.startsWith("pass") ? "pass" : "new";
 const cell = (s) => s ? `<span class="badge ${stateClass(s)}">${esc(s)}</span>` : "";
 
 async function load() {
   const project = $("#project").value;
+  history.replaceState(null, "", "?project=" + encodeURIComponent(project));
   if (!project) return;
   const ops = $("#oplist").value.split(/[\s,]+/).filter(Boolean);
   const query = ops.map((o) => "op=" + encodeURIComponent(o)).join("&");

@@ -1,7 +1,7 @@
 // Comparison: both runs and their environment diff, then every op (filters, search, paging),
 // inherited failures folded under the local failure they follow.
 "use strict";
-import { $, $$, api, badge, comparisonHref, counts, enc, esc, fmt, fmtCos, opHref, pager, projectHref, setQuery, short, when } from "./ui.js";
+import { $, $$, api, badge, counts, enc, esc, fmt, fmtCos, opHref, pager, projectHref, setQuery, short, when } from "./ui.js";
 
 const VERDICTS = ["fail", "warn", "missing", "new", "pass"];
 const PAGE = 50;

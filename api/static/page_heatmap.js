@@ -17,21 +17,25 @@ export async function render(view, r, ctx) {
       <label>target <select id="hm-target"><option value="">all targets</option>${ov.targets.map((t) => `<option>${esc(t.target)}</option>`).join("")}</select></label>
       <label>runs <select id="hm-runs">${[10, 30, 60, 100].map((n) => `<option>${n}</option>`).join("")}</select></label>
       <label>ops <select id="hm-ops">${[30, 60, 120, 250].map((n) => `<option>${n}</option>`).join("")}</select></label>
+      <label>rows <select id="hm-order"><option value="execution">execution order: where drift starts</option>
+        <option value="similar">ops that move together, side by side</option></select></label>
     </div>
     <div id="heatmap"></div><p class="empty" id="no-heatmap" hidden>No finished comparisons yet.</p>
   </section>`;
   $("#hm-target").value = r.q.target || "";
   $("#hm-runs").value = r.q.runs || "30";
   $("#hm-ops").value = r.q.ops || "60";
+  $("#hm-order").value = r.q.order === "similar" ? "similar" : "execution";
   const draw = async () => {
-    const q = { target: $("#hm-target").value, runs: $("#hm-runs").value, ops: $("#hm-ops").value };
+    const q = { target: $("#hm-target").value, runs: $("#hm-runs").value, ops: $("#hm-ops").value,
+                order: $("#hm-order").value === "similar" ? "similar" : "" };
     setQuery(q);
     const params = new URLSearchParams(Object.entries(q).filter(([, v]) => v));
     const hm = await api(`/projects/${enc(p)}/heatmap?${params}`);
     if (ctx.stale()) return;
     await plot(p, hm);
   };
-  for (const id of ["#hm-target", "#hm-runs", "#hm-ops"]) $(id).addEventListener("change", draw);
+  for (const id of ["#hm-target", "#hm-runs", "#hm-ops", "#hm-order"]) $(id).addEventListener("change", draw);
   await draw();
 }
 

@@ -2,7 +2,7 @@
 // and out-of-band points marked; the selected run's error histogram, quantiles and both sides'
 // statistics; the runs it was accepted in.
 "use strict";
-import { $, $$, api, badge, comparisonHref, enc, esc, fmt, fmtCos, opHref, plotConfig, projectHref, setQuery, short, when, VERDICT_COLOR } from "./ui.js";
+import { $, api, badge, comparisonHref, enc, esc, fmt, fmtCos, opHref, plotConfig, projectHref, runAxis, setQuery, short, targetOf, when, VERDICT_COLOR, zeroFloor, zeroNote } from "./ui.js";
 
 const METRICS = ["norm_l2", "max_rel", "max_abs", "cosine", "snr_db"];
 const MAX_CHARTS = 6;
@@ -18,7 +18,7 @@ export async function render(view, r, ctx) {
   if (r.q.target) q.set("target", r.q.target);
   const hist = await api(`/projects/${enc(p)}/op-history?${q}`);
   if (ctx.stale()) return;
-  const targets = [...new Set(hist.series.map((s) => s.target))];
+  const targets = hist.targets;
   ctx.crumbs(`<a href="${projectHref(p)}">${esc(p)}</a> / op <code>${esc(key)}</code>`);
   const lastPoint = hist.series.flatMap((s) => s.points).sort((a, b) => a.created_at.localeCompare(b.created_at)).at(-1);
   let run = r.q.run || lastPoint?.comparison_id;
@@ -26,7 +26,7 @@ export async function render(view, r, ctx) {
   <section id="op-header">
     <h2><code>${esc(key)}</code> <small>${esc(hist.op || "")}</small></h2>
     <div class="filters">
-      <label>target <select id="op-target"><option value="">all targets (${targets.length})</option>${targets.map((t) => `<option>${esc(t)}</option>`).join("")}</select></label>
+      <label>target <select id="op-target"><option value="">every target (${targets.length})</option>${targets.map((t) => `<option>${esc(t)}</option>`).join("")}</select></label>
       <label>metric <select id="op-metric">${METRICS.map((m) => `<option>${m}</option>`).join("")}</select></label>
       <span class="legend"><span class="sw band"></span> band (learned from accepted runs) <span class="sw budget"></span> budget
         <span class="sw out">✕</span> out of band <span class="sw acc">◯</span> accepted in a baseline</span>
@@ -61,9 +61,8 @@ export async function render(view, r, ctx) {
   if (run) await detail(p, key, run, ctx);
 }
 
-function floorOf(series, metric) {
-  const vals = series.points.flatMap((pt) => [pt.value, pt.budget, pt.band]).filter((v) => typeof v === "number" && v > 0);
-  return vals.length ? Math.min(...vals) / 10 : 1e-8;
+function floorOf(series) {
+  return zeroFloor(series.points.flatMap((pt) => [pt.value, pt.budget, pt.band]));
 }
 
 /** One chart per series (target x input shapes x dtype): budget and band as shaded ranges behind the points. */
@@ -76,9 +75,11 @@ async function charts(hist, metric, run, select) {
   const logY = !["cosine", "snr_db"].includes(metric);
   window.opbandHistory = [];
   for (const [i, s] of shown.entries()) {
-    const x = s.points.map((pt) => pt.created_at);
+    const axis = runAxis(s.points);
+    const x = s.points.map(axis.label);
+    s.axis = axis;
     const traces = [];
-    const low = logY ? floorOf(s, metric) : null;
+    const low = logY ? floorOf(s) : null;  // the bottom of the shaded ranges, and where an exact 0 is drawn
     const shade = (lower, upper, name, color, lineColor) => {
       if (!upper.some((v) => v !== null)) return;
       traces.push({ x, y: lower, mode: "lines", line: { width: 0, shape: "hv" }, hoverinfo: "skip", showlegend: false });
@@ -96,25 +97,26 @@ async function charts(hist, metric, run, select) {
     }
     const bad = (pt) => pt.out;
     traces.push({
-      x, y: s.points.map((pt) => pt.value), mode: "lines+markers", name: metric, line: { color: "#24292f", width: 1.5 },
+      x, y: s.points.map((pt) => (logY && pt.value === 0 ? low : pt.value)), mode: "lines+markers", name: metric, line: { color: "#24292f", width: 1.5 },
       customdata: s.points.map((pt) => pt.comparison_id),
-      text: s.points.map((pt) => `${pt.verdict}${pt.label ? " · " + pt.label : ""}; budget ${fmt(pt.budget)}; band ${fmt(pt.band)} (${pt.band_runs} accepted)`),
+      text: s.points.map((pt) => `${pt.value === 0 ? "exactly 0; " : ""}${pt.verdict}${pt.label ? " · " + pt.label : ""}; budget ${fmt(pt.budget)}; band ${fmt(pt.band)} (${pt.band_runs} accepted)`),
       hovertemplate: "%{y:.3e}<br>%{text}<extra></extra>",
-      marker: { size: s.points.map((pt) => (bad(pt) ? 13 : 7)), symbol: s.points.map((pt) => (bad(pt) ? "x" : "circle")),
+      marker: { size: s.points.map((pt) => (bad(pt) ? 13 : 7)), symbol: s.points.map((pt) => (bad(pt) ? "x" : pt.value === 0 ? "triangle-down" : "circle")),
                 color: s.points.map((pt) => VERDICT_COLOR[pt.verdict] || "#24292f") },
     });
     const acc = s.points.filter((pt) => pt.accepted_in.length);
     if (acc.length) {
-      traces.push({ x: acc.map((pt) => pt.created_at), y: acc.map((pt) => pt.value), mode: "markers", name: "accepted",
+      traces.push({ x: acc.map(axis.label), y: acc.map((pt) => (logY && pt.value === 0 ? low : pt.value)), mode: "markers", name: "accepted",
                     marker: { symbol: "circle-open", size: 15, color: "#1a7f37", line: { width: 2 } },
                     customdata: acc.map((pt) => pt.comparison_id), hovertemplate: "accepted in %{text}<extra></extra>",
                     text: acc.map((pt) => pt.accepted_in.join(", ")) });
     }
     const el = $(`#history-${i}`);
     await Plotly.newPlot(el, traces, {
-      margin: { t: 6, r: 10, l: 64, b: 36 }, height: 260, showlegend: false, hovermode: "closest",
+      margin: { t: 6, r: 10, l: 64, b: 56 }, height: 280, showlegend: false, hovermode: "closest",
       yaxis: logY ? { title: { text: metric }, type: "log", tickformat: ".2~e" } : { title: { text: metric } },
-      xaxis: { type: "date" }, shapes: runLine(s, run),
+      xaxis: { type: "category", categoryorder: "array", categoryarray: axis.categories, tickangle: -20, tickfont: { size: 10 } },
+      shapes: runLine(s, run), annotations: logY ? zeroNote(s.points.map((pt) => pt.value), low) : [],
     }, plotConfig);
     el.on("plotly_click", (ev) => { const cid = ev.points.find((pt) => pt.customdata)?.customdata; if (cid) select(cid); });
     window.opbandHistory.push({ target: s.target, values: s.points.map((pt) => pt.value), out: s.points.filter(bad).length,
@@ -125,7 +127,7 @@ async function charts(hist, metric, run, select) {
 
 function runLine(s, run) {
   const pt = s.points.find((x) => x.comparison_id === run);
-  return pt ? [{ type: "line", xref: "x", yref: "paper", x0: pt.created_at, x1: pt.created_at, y0: 0, y1: 1,
+  return pt ? [{ type: "line", xref: "x", yref: "paper", x0: s.axis.label(pt), x1: s.axis.label(pt), y0: 0, y1: 1,
                  line: { color: "#8250df", width: 1.5, dash: "dash" } }] : [];
 }
 
@@ -146,7 +148,7 @@ async function detail(p, key, cid, ctx) {
   const m = o.metrics || {};
   $("#run-title").innerHTML = `<a href="${comparisonHref(cid)}"><code>${short(cid)}</code></a> ${badge(o.verdict)}${o.inherited ? " inherited" : ""}`;
   $("#run-detail").innerHTML = `<p class="reason">${esc(o.reason || "within budget")}</p>
-    <p><small>${when(d.comparison.created_at)} · target ${esc(d.comparison.target_variant)}@${esc(d.comparison.target_device)} ·
+    <p><small>${when(d.comparison.created_at)} · target ${esc(targetOf(d.comparison))}${d.comparison.target_run?.label ? ` (${esc(d.comparison.target_run.label)})` : ""} ·
       budget norm_l2 ${fmt(o.budget?.norm_l2)}, cosine ≥ ${fmtCos(o.budget?.cosine_min)} (${esc(o.budget?.source || "-")})</small></p>
     <table class="kv">${DETAIL_METRICS.filter((k) => m[k] !== undefined).map((k) => `<tr><th>${k}</th><td class="num">${k === "cosine" ? fmtCos(m[k]) : fmt(m[k])}</td></tr>`).join("")}
     ${Object.entries(m.share_rel_over || {}).map(([t, v]) => `<tr><th>share rel &gt; ${esc(t)}</th><td class="num">${fmt(v)}</td></tr>`).join("")}</table>`;

@@ -64,6 +64,12 @@ export function setQuery(params) {
   history.replaceState(null, "", path + (q.toString() ? "?" + q : ""));
 }
 
+/** The target name of a comparison's target run (variant@device for comparisons made before run names). */
+export const targetOf = (c) => c.target_run?.target || `${c.target_variant}@${c.target_device}`;
+/** "ref-label → target-label" of a comparison, "-" when neither run has a label. */
+export const labelsOf = (c) => (c.reference_run?.label || c.target_run?.label
+  ? `${esc(c.reference_run?.label || "-")} → <b>${esc(c.target_run?.label || "-")}</b>` : "-");
+
 export const counts = (c) => Object.entries(c || {}).filter(([, n]) => n).map(([v, n]) => `<span class="count ${esc(v)}">${n} ${esc(v)}</span>`).join(" ");
 
 /** A pager under a paged table: "41-60 of 132" with previous/next; calls go(offset). */
@@ -80,6 +86,25 @@ export function pager(el, { offset, limit, count }, go) {
 export function notice(el, text, kind = "error") {
   el.innerHTML = text ? `<div class="notice ${kind}" role="${kind === "error" ? "alert" : "status"}">${esc(text)}</div>` : "";
 }
+
+/** Runs on an ordinal x axis ("2026-12-01 15:09 · 3fa2c1"): evenly spaced, oldest left, one tick per run. */
+export function runAxis(points) {
+  const byId = new Map(points.map((p) => [p.comparison_id, p.created_at]));
+  const ordered = [...byId.entries()].sort((a, b) => a[1].localeCompare(b[1]) || a[0].localeCompare(b[0]));
+  const label = new Map(ordered.map(([id, at]) => [id, `${when(at)} · ${id.slice(0, 6)}`]));
+  return { label: (p) => label.get(p.comparison_id), categories: ordered.map(([id]) => label.get(id)) };
+}
+
+/** Where a log axis draws an exact 0: a decade below the smallest positive value shown. */
+export function zeroFloor(values) {
+  const pos = values.filter((v) => typeof v === "number" && v > 0);
+  return pos.length ? 10 ** Math.floor(Math.log10(Math.min(...pos)) - 1) : 1e-12;
+}
+
+/** The note that explains the ▼ markers drawn at ``zeroFloor`` on a log axis (none when no value is 0). */
+export const zeroNote = (values, floor) => (values.some((v) => v === 0) ? [{
+  xref: "paper", x: 0, y: Math.log10(floor), text: "▼ exactly 0", showarrow: false, xanchor: "left", yanchor: "bottom",
+  font: { size: 10, color: "#57606a" } }] : []);
 
 export const plotConfig = { displaylogo: false, responsive: true, modeBarButtonsToRemove: ["lasso2d", "select2d"] };
 export const VERDICT_COLOR = { pass: "#1a7f37", warn: "#bf8700", fail: "#cf222e", new: "#6e7781", missing: "#6e7781" };

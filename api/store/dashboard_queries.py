@@ -13,6 +13,7 @@ from sqlalchemy.orm import aliased
 
 from accuracy.bands import BandConfig, fit_band
 from accuracy.bundle import Bundle
+from accuracy.envdiff import category_of
 from accuracy.errors import OpbandError
 from accuracy.metrics import slot_bounds
 from api.dashboard_schemas import (
@@ -20,59 +21,38 @@ from api.dashboard_schemas import (
     HistoryPoint, HistorySeries, OpDetail, OpGroup, OpHistory, Overview, RegressionEventPublic, RunSide, TargetStatus,
 )
 from api.errors import InvalidInput, NotFound
-from api.schemas import SEVERITY_INF, ComparisonPublic, OpResultPublic, RegressionPublic
+from api.schemas import SEVERITY_INF, ComparisonPublic, EnvironmentChange, OpResultPublic, RegressionPublic, RunSummary
 from api.store.blobs import BlobStore
 from api.store.db import Database
 from api.store.models import (
     Baseline, BaselineMember, BundleRow, Comparison, OpResultRow, Project, Regression, RegressionEvent, Series,
 )
+from api.store import queries
 from api.store.queries import BAND_OF_METRIC, METRIC_COLUMNS, bundle_diff
 
-#: the environment/run fields behind each category of the comparison header's "what changed"
-CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("torch", ("torch", "python")),
-    ("driver", ("cuda", "cann", "driver", "rocm", "hip", "nccl", "device_name")),
-    ("op library", ("cudnn", "cublas", "mkl", "onednn", "mkldnn", "quantized_engine", "triton", "aclnn", "op_library",
-                    "kernel")),
-    ("threads", ("threads", "omp", "interop")),
-    ("flags", ("deterministic", "tf32", "float32_matmul_precision", "flags", "allow_", "benchmark")),
-    ("inputs", ("seed", "inputs", "input", "options", "spec")),
-    ("dtype", ("variant",)),
-    ("device", ("device", "cpu", "platform", "gpu", "npu")),
-    ("capture", ("level", "mode")),
-    ("code", ("git_commit", "git_branch")),
-)
-SEVERITY_CAP = 1000.0  # heatmap colour of non-finite outcomes (stored as SEVERITY_INF)
-
-
-def category_of(field: str) -> str:
-    """``environment.tf32_matmul`` -> ``flags``; the first category whose words the field's name holds."""
-    name = field.split(".", 1)[-1].lower()
-    for category, words in CATEGORIES:
-        if any(w == name or name.startswith(w) for w in words):
-            return category
-    return "other"
-
-
-def target_of(bundle: BundleRow) -> str:
-    """A run's target name: the one it was captured or uploaded with, else ``variant@device``."""
-    run = bundle.run or {}
-    named = run.get("target") if isinstance(run.get("target"), str) else None
-    return named or f"{bundle.variant}@{bundle.device}"
+SEVERITY_CAP = 1000.0
+HEATMAP_ORDERS = ("execution", "similar")  # heatmap colour of non-finite outcomes (stored as SEVERITY_INF)
 
 
 def run_side(bundle: BundleRow) -> RunSide:
-    run = bundle.run or {}
-    tags = run.get("tags") if isinstance(run.get("tags"), dict) else {}
-    return RunSide(bundle_id=bundle.id, label=bundle.label, target=target_of(bundle), variant=bundle.variant,
-                   device=bundle.device, git_branch=bundle.git_branch, git_commit=bundle.git_commit, tags=tags,
-                   created_at=bundle.created_at)
+    return RunSide(bundle_id=bundle.id, label=bundle.label, target=bundle.target, variant=bundle.variant,
+                   device=bundle.device, git_branch=bundle.git_branch, git_commit=bundle.git_commit,
+                   tags=bundle.tags or {}, created_at=bundle.created_at)
 
 
 def comparison_public(c: Comparison) -> ComparisonPublic:
+    """As ``GET /comparisons/{id}`` answers: both runs named (label, target name, tags)."""
     out = ComparisonPublic.model_validate(c)
     out.target_variant, out.target_device = c.target.variant, c.target.device
+    out.reference_run, out.target_run = RunSummary.model_validate(c.reference), RunSummary.model_validate(c.target)
     return out
+
+
+def _tag_changes(a: BundleRow, b: BundleRow) -> list[EnvironmentChange]:
+    """Tags the two runs were given (CANN or driver version, op-library version ...) that differ."""
+    ta, tb = a.tags or {}, b.tags or {}
+    return [EnvironmentChange(field=f"tags.{k}", a=ta.get(k), b=tb.get(k))
+            for k in sorted(set(ta) | set(tb)) if ta.get(k) != tb.get(k)]
 
 
 def comparison_runs(db: Database, c: Comparison) -> ComparisonRuns:
@@ -81,7 +61,8 @@ def comparison_runs(db: Database, c: Comparison) -> ComparisonRuns:
         project = s.get(Project, c.project_id)
     assert project is not None
     diff = bundle_diff(c.reference, c.target)
-    changed = [EnvironmentChangeCategorized(**ch.model_dump(), category=category_of(ch.field)) for ch in diff.changed]
+    changed = [EnvironmentChangeCategorized(**ch.model_dump(), category=category_of(ch.field))
+               for ch in [*diff.changed, *_tag_changes(c.reference, c.target)]]
     categories = sorted({ch.category for ch in changed if ch.category != "code"})
     return ComparisonRuns(project=project.name, comparison=comparison_public(c), reference=run_side(c.reference), target=run_side(c.target),
                           changed=changed, same=diff.same, categories=categories)
@@ -119,30 +100,23 @@ def op_groups(db: Database, comparison_id: str, roots: list[OpResultRow], fold: 
     return out
 
 
-def overview(db: Database, project: Project, recent: int = 10, window: int = 1000) -> Overview:
+def overview(db: Database, project: Project, recent: int = 10) -> Overview:
     """Targets x their latest verdict, open regressions and the most recent comparisons of a project."""
+    targets = [t for t in queries.targets(db, project) if t.latest_comparison_id]  # target names that were compared
+    latest = {t.target: queries.get_comparison(db, t.latest_comparison_id) for t in targets if t.latest_comparison_id}
+    rows, total = queries.list_comparisons(db, project, recent, 0)
     with db.session() as s:
-        rows = list(s.scalars(select(Comparison).where(Comparison.project_id == project.id)
-                              .order_by(Comparison.created_at.desc()).limit(window)))
-        total = s.scalar(select(func.count()).where(Comparison.project_id == project.id)) or 0
         open_q = select(Regression).where(Regression.project_id == project.id,
                                           Regression.status.in_(("active", "acknowledged")))
         n_open = s.scalar(select(func.count()).select_from(open_q.subquery())) or 0
         regs = list(s.scalars(open_q.order_by(Regression.updated_at.desc()).limit(10)))
-    latest: dict[str, TargetStatus] = {}
-    seen: dict[str, int] = defaultdict(int)
-    for c in rows:
-        t = target_of(c.target)
-        seen[t] += 1
-        if c.status == "done" and t not in latest:
-            fd = (c.first_divergence or {}).get("key")
-            latest[t] = TargetStatus(target=t, comparison_id=c.id, verdict=c.verdict, counts=c.counts or {},
-                                     label=c.target.label, first_divergence=fd, created_at=c.created_at, comparisons=0)
-    for t, status in latest.items():
-        status.comparisons = seen[t]
-    return Overview(project=project.name, public=project.public, targets=sorted(latest.values(), key=lambda x: x.target),
-                    open_regressions=n_open, regressions=[RegressionPublic.model_validate(r) for r in regs],
-                    recent=[comparison_public(c) for c in rows[:recent]], comparisons=total)
+    status = [TargetStatus(target=t.target, comparison_id=c.id, verdict=c.verdict, counts=c.counts or {},
+                           label=c.target.label, tags=c.target.tags or {},
+                           first_divergence=(c.first_divergence or {}).get("key"), created_at=c.created_at, runs=t.bundles)
+              for t in targets for c in [latest[t.target]]]
+    return Overview(project=project.name, public=project.public, targets=status, open_regressions=n_open,
+                    regressions=[RegressionPublic.model_validate(r) for r in regs],
+                    recent=[comparison_public(c) for c in rows], comparisons=total)
 
 
 def _finite(v: float | None) -> float | None:
@@ -163,6 +137,8 @@ def op_history(db: Database, project: Project, key: str, metric: str, target: st
         if target:
             sq = sq.where(Series.target == target)
         series = list(s.scalars(sq.order_by(Series.target, Series.shape_signature)))
+        targets = list(s.scalars(select(Series.target).where(Series.project_id == project.id, Series.key == key)
+                                 .distinct().order_by(Series.target)))
         if not series:
             raise NotFound(f"op {key!r} has no results in project {project.name!r}"
                            + (f" for target {target!r}" if target else ""))
@@ -203,7 +179,7 @@ def op_history(db: Database, project: Project, key: str, metric: str, target: st
                                      metric=metric, points=pts,
                                      regression=RegressionPublic.model_validate(reg) if reg else None))
     accepted_in.sort(key=lambda a: a.added_at, reverse=True)
-    return OpHistory(key=key, op=series[0].op, metric=metric, series=out, accepted_in=accepted_in)
+    return OpHistory(key=key, op=series[0].op, metric=metric, targets=targets, series=out, accepted_in=accepted_in)
 
 
 def histogram_bins(histogram: list[int]) -> list[HistogramBin]:
@@ -262,17 +238,22 @@ def op_detail(db: Database, store: BlobStore, c: Comparison, key: str) -> OpDeta
                     quantiles=dict(metrics.get("quantiles") or {}), reference_stats=stats[0], target_stats=stats[1])
 
 
-def heatmap(db: Database, project: Project, metric: str, target: str | None, runs: int, ops: int) -> Heatmap:
-    """Ops x the last ``runs`` finished comparisons: the ``ops`` ops that were worst in that window, in
-    execution order, coloured by ``metric`` (severity: value / limit of the worst metric)."""
+def heatmap(db: Database, project: Project, metric: str, target: str | None, runs: int, ops: int,
+            order: str = "execution") -> Heatmap:
+    """Ops x the last ``runs`` finished comparisons: the ``ops`` ops that were worst in that window,
+    coloured by ``metric`` (severity: value / limit of the worst metric). Rows in execution order (where
+    drift starts reads top-down), or with ``order="similar"`` ops that move together next to each other."""
+    if order not in HEATMAP_ORDERS:
+        raise InvalidInput(f"order must be one of {list(HEATMAP_ORDERS)}, not {order!r}")
     if metric not in METRIC_COLUMNS:
         raise InvalidInput(f"metric must be one of {sorted(METRIC_COLUMNS)}, not {metric!r}")
     col = METRIC_COLUMNS[metric]
     with db.session() as s:
         q = select(Comparison).where(Comparison.project_id == project.id, Comparison.status == "done")
-        comps = list(s.scalars(q.order_by(Comparison.created_at.desc()).limit(runs if not target else 10 * runs)))
         if target:
-            comps = [c for c in comps if target_of(c.target) == target][:runs]
+            q = q.where(Comparison.target_id.in_(select(BundleRow.id).where(BundleRow.project_id == project.id,
+                                                                           BundleRow.target == target)))
+        comps = list(s.scalars(q.order_by(Comparison.created_at.desc()).limit(runs)))
         comps.reverse()
         ids = [c.id for c in comps]
         worst = s.execute(
@@ -295,9 +276,25 @@ def heatmap(db: Database, project: Project, metric: str, target: str | None, run
             v = SEVERITY_CAP if metric == "severity" else None
         z[pos[k]][at[cid]] = min(v, SEVERITY_CAP) if v is not None and metric == "severity" else v
         verdicts[pos[k]][at[cid]] = verdict
-    return Heatmap(metric=metric, runs=[HeatmapRun(comparison_id=c.id, created_at=c.created_at, target=target_of(c.target),
+    if order == "similar" and len(rows) > 2:
+        perm = similar_rows(z, log=metric not in ("cosine", "snr_db"))
+        rows, z, verdicts = [rows[i] for i in perm], [z[i] for i in perm], [verdicts[i] for i in perm]
+    return Heatmap(metric=metric, runs=[HeatmapRun(comparison_id=c.id, created_at=c.created_at, target=c.target.target,
                                                    label=c.target.label, verdict=c.verdict) for c in comps],
                    ops=[HeatmapOp(key=k, op=o, index=i) for k, o, i in rows], z=z, verdicts=verdicts)
+
+
+def similar_rows(z: list[list[float | None]], log: bool = True) -> list[int]:
+    """A row order that puts ops whose values move together across runs next to each other: average-linkage
+    clustering of the rows (log10 of the values for error metrics; a run an op was not in counts as its mean)."""
+    from scipy.cluster.hierarchy import leaves_list, linkage
+
+    m = np.array([[np.nan if v is None else v for v in row] for row in z], dtype=np.float64)
+    if log:
+        m = np.log10(np.clip(m, 1e-12, None))
+    means = np.nanmean(np.where(np.isnan(m).all(axis=1, keepdims=True), 0.0, m), axis=1, keepdims=True)
+    m = np.where(np.isnan(m), means, m)
+    return [int(i) for i in leaves_list(linkage(m, method="average", metric="euclidean", optimal_ordering=True))]
 
 
 def regression_events(db: Database, project: Project, regression_id: int | None, limit: int,

@@ -148,7 +148,8 @@ def import_msprobe(source: str | os.PathLike[str], out: str | os.PathLike[str]) 
             rec.diagnose(key, "msprobe's statistics of a tensor with NaN/Inf span every element, opband's the finite "
                               "ones: not comparable, left out; dump with task 'tensor' to compare this op")
             continue
-        if task == "tensor" and outs and all("data_name" in o for o in outs):
+        if task == "tensor" and outs and all(isinstance(o.get("data_name"), str) and o["data_name"] not in ("", "-1")
+                                             for o in outs):  # a named file: read (or refused) as a tensor
             tensors = [load_tensor(tensor_file(data_dir, o["data_name"])) for o in outs]
             first = len(rec.records)
             rec.record(kind, module, op, key, ordinal, tensors)
