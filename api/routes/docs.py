@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -17,8 +18,8 @@ TITLE = "opband"
 #: the docs pages may load nothing from elsewhere (Swagger UI's and ReDoc's pages use inline scripts/styles)
 CSP = ("default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
        "img-src 'self' data:; font-src 'self' data:; worker-src 'self' blob:; connect-src 'self'")
-#: ReDoc's bundle shows one image from its CDN (the "API docs by Redocly" logo): served without it
-REDOC_CDN_LOGO = b"https://cdn.redoc.ly/redoc/logo-mini.svg"
+#: ReDoc's bundle shows one image from Redocly's servers (the "API docs by Redocly" logo): served without it
+REDOC_REMOTE_IMAGE = re.compile(rb"https://[\w.-]*redoc\.ly/[\w./-]+\.svg")
 BLANK_SVG = b"data:image/svg+xml,%3Csvg xmlns='http://www.w3.org/2000/svg'/%3E"
 
 router = APIRouter(include_in_schema=False)
@@ -51,7 +52,7 @@ def redoc() -> HTMLResponse:
 
 @lru_cache(maxsize=1)
 def _redoc_js() -> bytes:
-    return (DOCS_ASSETS / "redoc.standalone.js").read_bytes().replace(REDOC_CDN_LOGO, BLANK_SVG)
+    return REDOC_REMOTE_IMAGE.sub(lambda _: BLANK_SVG, (DOCS_ASSETS / "redoc.standalone.js").read_bytes())
 
 
 @router.get(ASSET_URL + "/{name}")
