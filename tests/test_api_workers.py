@@ -83,7 +83,14 @@ def test_many_jobs_two_workers_each_exactly_once(api: LiveServer, tmp_path: Path
         assert all(d["status"] == "done" and d["attempts"] == 1 for d in done), [(d["status"], d["error"]) for d in done]
         assert all(d["counts"]["fail"] > 0 and d["verdict"] == "fail" for d in done)
         assert c.get(f"/api/v1/comparisons/{first}/ops").json()["count"] == len(ops)
-    finished = log_events(log1, "job finished") + log_events(log2, "job finished")
+    # a worker logs "job finished" just after the job's row says done (its child process has exited):
+    # give the last line a moment to reach the log before counting
+    deadline = time.monotonic() + 15
+    while True:
+        finished = log_events(log1, "job finished") + log_events(log2, "job finished")
+        if len(finished) >= len(ids) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     assert Counter(e["job_id"] for e in finished) == Counter(ids), "every job must run exactly once"
     assert {e["worker"].split(":")[1] for e in finished} == {str(p1.pid), str(p2.pid)}, "both workers must take jobs"
     started = log_events(log1, "job started") + log_events(log2, "job started")
