@@ -32,7 +32,8 @@ from accuracy.verdicts import (
 )
 
 MODES = ("propagated", "replay", "golden")
-__all__ = ["MODES", "VERDICT_ORDER", "ComparisonReport", "OpResult", "compare", "judge", "target_name", "worst_verdict"]
+__all__ = ["MODES", "VERDICT_ORDER", "ComparisonPlan", "ComparisonReport", "OpResult", "compare", "conclude", "judge",
+           "judge_range", "plan_comparison", "target_name", "worst_verdict"]
 
 
 @dataclass
@@ -147,6 +148,39 @@ def compare(
     ``golden``: the fp64 recomputation bundle (required in golden mode). ``history``: accepted
     past results (see docs/bands.md); ``target_id`` names the target they were kept for.
     """
+    plan = plan_comparison(reference, target, mode=mode, budgets=budgets, golden=golden, history=history,
+                           band_config=band_config, target_id=target_id)
+    return conclude(plan, judge_range(plan, 0, len(plan.pairs), progress))
+
+
+@dataclass
+class ComparisonPlan:
+    """Two opened, aligned runs and how to judge them: what :func:`judge_range` needs for any range of
+    pairs and :func:`conclude` for the whole. A comparison can be split into ranges (shards) that run
+    apart, even in other processes (each re-plans the same bundles: planning is deterministic)."""
+
+    ref: Bundle
+    tgt: Bundle
+    gold: Bundle | None
+    mode: str
+    replayed: bool
+    pairs: list[Pair]
+    unmatched: list[Unmatched]
+    context: _Context
+
+
+def plan_comparison(
+    reference: str | os.PathLike[str] | Bundle,
+    target: str | os.PathLike[str] | Bundle,
+    *,
+    mode: str = "propagated",
+    budgets: Mapping[str, Any] | BudgetPolicy | str | os.PathLike[str] | None = None,
+    golden: str | os.PathLike[str] | Bundle | None = None,
+    history: History | Mapping[Any, Any] | Iterable[Mapping[str, Any]] | str | os.PathLike[str] | None = None,
+    band_config: BandConfig | None = None,
+    target_id: str | None = None,
+) -> ComparisonPlan:
+    """Open, check and align two bundles (see :func:`compare` for the arguments); measures nothing."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
     ref = _open(reference)
@@ -186,11 +220,31 @@ def compare(
             "(same SPEC) and check the manifests' diagnostics and module/op filters"
         )
     judge_ctx = _Context(ref, tgt, gold if mode == "golden" else None, policy, mode, tgt.manifest.variant, hist, cfg, tname)
+    return ComparisonPlan(ref, tgt, gold, mode, replayed, pairs, unmatched, judge_ctx)
+
+
+def judge_range(plan: ComparisonPlan, start: int, stop: int,
+                progress: Callable[[int, int], None] | None = None) -> list[OpResult]:
+    """Measure and judge ``plan.pairs[start:stop]`` (before FDR control over bands, which
+    :func:`conclude` applies to the whole); ``progress(done, total)`` after each pair."""
     results: list[OpResult] = []
-    for i, pair in enumerate(pairs):
-        results.append(judge_ctx.judge_pair(pair))
+    total = stop - start
+    for i, pair in enumerate(plan.pairs[start:stop]):
+        results.append(plan.context.judge_pair(pair))
         if progress:
-            progress(i + 1, len(pairs))
+            progress(i + 1, total)
+    return results
+
+
+def conclude(plan: ComparisonPlan, results: list[OpResult]) -> ComparisonReport:
+    """The report from the judged results of all of ``plan.pairs``, in order: FDR control over the banded
+    ops, the unmatched records, the first divergence, parameter findings and the counts."""
+    if len(results) != len(plan.pairs):
+        raise ValueError(f"{len(results)} results for {len(plan.pairs)} aligned pairs: judge every range first")
+    ref, tgt, gold, mode, replayed = plan.ref, plan.tgt, plan.gold, plan.mode, plan.replayed
+    pairs, unmatched, cfg, hist = plan.pairs, plan.unmatched, plan.context.config, plan.context.history
+    tname = plan.context.target
+    results = list(results)
     _apply_fdr(results, cfg)
     results += [_unmatched_result(u) for u in unmatched]
     local_everywhere = mode == "replay" or (mode == "golden" and replayed)
