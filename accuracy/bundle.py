@@ -3,8 +3,12 @@
 A bundle is a valid safetensors file, so any safetensors tool can open it. The writer streams
 tensor bytes into the final file (behind a reserved, space-padded header region) while the run
 proceeds and writes the header on close, so memory never holds more than one tensor (or a few
-MiB of small ones) and the data is written once. The reader validates the header strictly (see
-``docs/bundle-format.md``) and memory-maps tensors; it never unpickles anything.
+MiB of small ones) and the data is written once. Records (format 2.0) are JSON lines in the last
+tensor of the buffer, ``__opband__/records``: the writer spools them as they come, the reader
+validates them one line at a time and keeps a compact index (:class:`accuracy.records.RecordIndex`)
+instead of every record, so a bundle of millions of records opens in flat memory. The reader
+validates everything strictly (see ``docs/bundle-format.md``), memory-maps tensors and never
+unpickles anything.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ import mmap
 import os
 import struct
 import sys
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -23,7 +28,8 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from accuracy.errors import BundleError
-from accuracy.manifest import FORMAT_NAME, Manifest, Record, parse_manifest
+from accuracy.manifest import FORMAT_NAME, FORMAT_VERSION, Manifest, Record, RecordsRef, newer_minor, parse_manifest_head, parse_record
+from accuracy.records import RecordIndex, RecordList
 from accuracy.strictjson import loads_strict
 
 #: Header size limit, as in the safetensors reference implementation.
@@ -55,8 +61,18 @@ RECORD_DTYPE_TAG: dict[str, str] = {
 _META_FORMAT = "format"
 _META_MANIFEST = "opband.manifest"
 
+#: The tensor that holds a format-2 bundle's records: UTF-8 JSON, one record per line, each ended by
+#: ``\n``; the writer puts it last in the data buffer. Names under ``__opband__/`` are opband's own.
+RECORDS_TENSOR = "__opband__/records"
+RESERVED_PREFIX = "__opband__/"
+#: The longest record line a reader accepts (a real record is well under 4 KiB).
+MAX_RECORD_BYTES = 1 << 20
+#: Bundles with at most this many records keep them as Record objects once opened (``Bundle.records``
+#: is a list, as in format 1.x); larger ones keep a compact index and read records from the file.
+EAGER_RECORDS = 50_000
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, slots=True)
 class TensorInfo:
     """Where one tensor lives in the data buffer."""
 
@@ -79,13 +95,15 @@ SPILL_BYTES = 8 << 20
 #: header is ~1 KB per record: 1 MiB holds ~1000 records, so a typical capture never has to grow
 #: its header (growing costs a writeback of everything written so far, see ``_insert_range``).
 MIN_HEADER_RESERVE = 1 << 20
-#: Header-size allowance per tensor for the manifest record that will name it (bytes).
-RECORD_ALLOWANCE = 1024
 _BLOCK = 4096  # the data region starts block-aligned, so it can be shifted without a copy
 
 
 class BundleWriter:
-    """Streams tensors into a bundle; call :meth:`close` with the manifest to finish.
+    """Streams tensors and records into a bundle; call :meth:`close` with the manifest to finish.
+
+    Records go either in ``manifest.records`` or, one at a time as they are made, to
+    :meth:`add_record` (spooled to a temporary file, so a capture of millions of records holds none
+    of them); ``close`` writes the spooled ones first, then the manifest's, as the records tensor.
 
     Everything goes to ``<path>.partial``, renamed into place by ``close``, so a crashed run never
     leaves a file that looks complete. Small bundles (under ``SPILL_BYTES`` of tensor data) are
@@ -108,13 +126,36 @@ class BundleWriter:
         self._tensors: dict[str, TensorInfo] = {}
         self._entry_bytes = 0  # running estimate of the tensor entries' share of the header
         self._offset = 0
+        self._records: BinaryIO = tempfile.SpooledTemporaryFile(max_size=4 << 20, dir=self.path.parent)  # type: ignore[assignment]
+        self._record_count = 0
 
     @property
     def bytes_written(self) -> int:
         return self._offset
 
+    @property
+    def records_written(self) -> int:
+        return self._record_count
+
+    def add_record(self, record: Record) -> None:
+        """Append one record (spooled to a temporary file until :meth:`close`)."""
+        if self._file is None:
+            raise BundleError("bundle writer is closed")
+        self._records.write(record.model_dump_json(exclude_none=True).encode())
+        self._records.write(b"\n")
+        self._record_count += 1
+
+    def add_records(self, records: Iterable[Record]) -> None:
+        for record in records:
+            self.add_record(record)
+
     def add(self, name: str, dtype: str, shape: tuple[int, ...], data: bytes | memoryview) -> None:
         """Append one tensor's raw little-endian bytes under ``name``."""
+        if name.startswith(RESERVED_PREFIX):
+            raise BundleError(f"tensor name {name!r}: names under {RESERVED_PREFIX!r} are opband's own")
+        self._add(name, dtype, shape, data)
+
+    def _add(self, name: str, dtype: str, shape: tuple[int, ...], data: bytes | memoryview) -> None:
         if self._file is None:
             raise BundleError("bundle writer is closed")
         if name in self._tensors:
@@ -143,20 +184,48 @@ class BundleWriter:
 
     def _start_streaming(self) -> None:
         assert self._file is not None and self._buffer is not None
-        self._data_start = 8 + _reserve_for(self._entry_bytes + RECORD_ALLOWANCE * len(self._tensors))
+        self._data_start = 8 + _reserve_for(self._entry_bytes)
         self._file.seek(self._data_start)
         for piece in self._buffer:
             self._file.write(piece)
         self._buffer = None
 
+    def _add_records_tensor(self) -> None:
+        """The spooled record lines, as the last tensor (streamed in pieces past ``spill_bytes``)."""
+        spool = self._records
+        size = spool.tell()
+        spool.seek(0)
+        if self._buffer is not None and self._offset + size < self._spill:
+            self._add(RECORDS_TENSOR, "U8", (size,), spool.read())
+            return
+        self._tensors[RECORDS_TENSOR] = TensorInfo(RECORDS_TENSOR, "U8", (size,), self._offset, self._offset + size)
+        self._entry_bytes += len(RECORDS_TENSOR) + 120
+        self._offset += size
+        if self._buffer is not None:
+            self._start_streaming()
+        assert self._file is not None
+        while piece := spool.read(16 << 20):
+            self._file.write(piece)
+
+    def _manifest_json(self, manifest: Manifest) -> str:
+        """The manifest without its records, which it names instead (format 2.0)."""
+        head = manifest.model_copy(update={"format_version": FORMAT_VERSION, "records": []})
+        text = head.model_dump_json(exclude_none=True, exclude={"records"})
+        ref = RecordsRef(tensor=RECORDS_TENSOR, count=self._record_count).model_dump_json()
+        return text[:-1] + ',"records":' + ref + "}"
+
     def close(self, manifest: Manifest) -> Path:
-        """Write header + data to ``path`` atomically and return it."""
+        """Write header + data to ``path`` atomically and return it (records: those added with
+        :meth:`add_record`, then ``manifest.records``)."""
         if self._file is None:
             raise BundleError("bundle writer is closed")
+        self.add_records(manifest.records)
+        self._add_records_tensor()
+        self._records.close()
         header: dict[str, Any] = {
             "__metadata__": {
                 _META_FORMAT: FORMAT_NAME,
-                _META_MANIFEST: manifest.model_dump_json(exclude_none=True),
+                _META_MANIFEST: self._manifest_json(manifest),
             }
         }
         for info in self._tensors.values():
@@ -203,6 +272,7 @@ class BundleWriter:
         if self._file is not None:
             self._file.close()
             self._file = None
+        self._records.close()
         self._buffer = None
         self._partial.unlink(missing_ok=True)
 
@@ -294,15 +364,33 @@ def numpy_tag(dtype: np.dtype) -> str:
 
 
 class Bundle:
-    """A validated, read-only bundle. Tensors are memory-mapped on demand."""
+    """A validated, read-only bundle. Tensors are memory-mapped on demand.
 
-    def __init__(self, path: Path, manifest: Manifest, tensors: dict[str, TensorInfo], data_start: int):
+    Records: ``records`` (a list up to ``EAGER_RECORDS`` records, else a :class:`RecordList` that
+    reads each one from the file), ``iter_records()`` (streams them), ``record(id)``,
+    ``record_at(position)`` and ``index``, the compact columns comparisons align on.
+    """
+
+    def __init__(self, path: Path, manifest: Manifest, tensors: dict[str, TensorInfo], data_start: int,
+                 index: RecordIndex | None = None, lines: tuple[int, np.ndarray] | None = None,
+                 newer: bool = False) -> None:
         self.path = path
         self.manifest = manifest
         self.tensors = tensors
         self._data_start = data_start
-        self._records_by_id = {r.id: r for r in manifest.records}
         self._map: mmap.mmap | None = None  # the whole file, mapped once (per-tensor memmaps cost ~70 us each)
+        self._lines = lines  # 2.0 lazy records: (file offset of the records tensor, line starts + end)
+        self._newer = newer
+        if index is None:
+            index = RecordIndex()
+            for r in manifest.records:
+                index.add(r)
+            index.freeze()
+        self.index = index
+        self._records_by_id: dict[str, Record] | None = (
+            {r.id: r for r in manifest.records} if lines is None else None)
+        if lines is not None:
+            manifest.records = RecordList(index.count, self.record_at, self.iter_records)  # type: ignore[assignment]
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> Bundle:
@@ -312,20 +400,79 @@ class Bundle:
             size = path.stat().st_size
             with open(path, "rb") as f:
                 header, data_start = read_header(f, size)
+                metadata = header.pop("__metadata__", None)
+                tensors = _validate_tensors(header, size - data_start)
+                del header
+                manifest, ref = _manifest_from_metadata(metadata)
+                if ref is None:  # format 1.x: the records were in the manifest
+                    _check_records(manifest.records, tensors, manifest.format_version)
+                    return cls(path, manifest, tensors, data_start)
+                info = _records_tensor(ref, tensors)
+                newer = newer_minor(manifest.format_version)
+                with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                    index, starts, eager = _scan_records(mm, data_start + info.begin, info.nbytes, ref.count,
+                                                         tensors, manifest.format_version, newer)
         except OSError as e:
             raise BundleError(f"cannot read bundle {path}: {e.strerror}") from e
-        metadata = header.pop("__metadata__", None)
-        tensors = _validate_tensors(header, size - data_start)
-        manifest = _manifest_from_metadata(metadata)
-        _check_manifest_against_tensors(manifest, tensors)
-        return cls(path, manifest, tensors, data_start)
+        if eager is not None:
+            manifest.records = eager
+            return cls(path, manifest, tensors, data_start, index)
+        bundle = cls(path, manifest, tensors, data_start, index, (data_start + info.begin, starts), newer)
+        bundle._check_unique_ids()
+        return bundle
 
     @property
     def records(self) -> list[Record]:
+        """Every record: a list, or for a large bundle a sequence that reads them from the file."""
         return self.manifest.records
 
+    def iter_records(self) -> Iterator[Record]:
+        """The records in file order, one at a time (flat memory for any number of them)."""
+        if self._lines is None:
+            yield from self.manifest.records
+            return
+        for i in range(self.index.count):
+            yield self.record_at(i)
+
+    def record_at(self, position: int) -> Record:
+        """The record at ``position`` in file order."""
+        if self._lines is None:
+            return self.manifest.records[position]
+        base, starts = self._lines
+        begin, end = int(starts[position]), int(starts[position + 1]) - 1  # without its newline
+        line = self._mapped()[base + begin : base + end]
+        if self._newer:  # unknown fields of a newer minor version are dropped, as when it was opened
+            return parse_record(line, True)
+        return Record.model_validate_json(line)  # validated strictly when the bundle was opened
+
+    def position(self, record_id: str) -> int | None:
+        """Where the record with this id is (file order), or None."""
+        for p in self.index.positions_of_hash(hash(record_id)):
+            if self.record_at(int(p)).id == record_id:
+                return int(p)
+        return None
+
     def record(self, record_id: str) -> Record:
-        return self._records_by_id[record_id]
+        """The record with this id; KeyError if there is none."""
+        if self._records_by_id is not None:
+            return self._records_by_id[record_id]
+        p = self.position(record_id)
+        if p is None:
+            raise KeyError(record_id)
+        return self.record_at(p)
+
+    def _check_unique_ids(self) -> None:
+        for group in self.index.duplicate_hash_positions():
+            ids = [self.record_at(int(p)).id for p in group]
+            repeated = sorted({i for i in ids if ids.count(i) > 1})
+            if repeated:
+                raise BundleError(f"record {repeated[0]!r} appears twice in the bundle's records")
+
+    def _mapped(self) -> mmap.mmap:
+        if self._map is None:
+            with open(self.path, "rb") as f:
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        return self._map
 
     def raw(self, name: str) -> np.ndarray:
         """The stored array (BF16/F8 as their raw integer words), memory-mapped, read-only."""
@@ -333,11 +480,8 @@ class Bundle:
         np_dtype = DTYPES[info.dtype][0]
         if info.nbytes == 0:
             return np.zeros(info.shape, dtype=np_dtype)
-        if self._map is None:
-            with open(self.path, "rb") as f:
-                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         count = info.nbytes // np_dtype.itemsize
-        return np.frombuffer(self._map, np_dtype, count, self._data_start + info.begin).reshape(info.shape)
+        return np.frombuffer(self._mapped(), np_dtype, count, self._data_start + info.begin).reshape(info.shape)
 
     def stored(self, name: str) -> tuple[np.ndarray, str | None]:
         """``(array, dtype)`` for the metric kernels: BF16 as its raw words with ``dtype="BF16"``
@@ -356,7 +500,7 @@ class Bundle:
     def record_values(self, record_id: str) -> np.ndarray | None:
         """A record's values in the record's own shape (its tensor may be stored under another
         shape of the same size, format 1.1), or None for a record without a tensor."""
-        record = self._records_by_id[record_id]
+        record = self.record(record_id)
         if record.tensor is None:
             return None
         return self.values(record.tensor).reshape(record.shape)
@@ -473,8 +617,12 @@ def _read_header(f: BinaryIO, size: int) -> tuple[dict[str, Any], int]:
     return header, 8 + n
 
 
+_TAGS = {tag: tag for tag in DTYPES}  # one string object per dtype tag, shared by every TensorInfo
+
+
 def _validate_tensors(header: dict[str, Any], buffer_size: int) -> dict[str, TensorInfo]:
     infos: list[TensorInfo] = []
+    shapes: dict[tuple[int, ...], tuple[int, ...]] = {}  # one tuple per distinct shape
     for name, entry in header.items():
         if not name or len(name) > 4096:
             raise BundleError(f"tensor name {name[:40]!r}: names must be 1 to 4096 characters")
@@ -493,7 +641,8 @@ def _validate_tensors(header: dict[str, Any], buffer_size: int) -> dict[str, Ten
         expected = int(np.prod(shape, dtype=object)) * DTYPES[dtype][1]
         if begin < 0 or end < begin or end - begin != expected:
             raise BundleError(f"tensor {name!r}: data_offsets {offsets} do not match shape {shape} x {dtype}")
-        infos.append(TensorInfo(name, dtype, tuple(shape), begin, end))
+        key = tuple(shape)
+        infos.append(TensorInfo(name, _TAGS[dtype], shapes.setdefault(key, key), begin, end))
     infos.sort(key=lambda t: (t.begin, t.end))
     cursor = 0
     for info in infos:
@@ -505,37 +654,101 @@ def _validate_tensors(header: dict[str, Any], buffer_size: int) -> dict[str, Ten
     return {t.name: t for t in infos}
 
 
-def _manifest_from_metadata(metadata: Any) -> Manifest:
+def _manifest_from_metadata(metadata: Any) -> tuple[Manifest, RecordsRef | None]:
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise BundleError("no __metadata__ string map: this is a safetensors file but not an opband bundle")
     if metadata.get(_META_FORMAT) != FORMAT_NAME or _META_MANIFEST not in metadata:
         raise BundleError(f"__metadata__ lacks format={FORMAT_NAME!r} and {_META_MANIFEST!r}: not an opband bundle")
-    return parse_manifest(metadata[_META_MANIFEST])
+    return parse_manifest_head(metadata[_META_MANIFEST])
 
 
-def _check_manifest_against_tensors(manifest: Manifest, tensors: dict[str, TensorInfo]) -> None:
+def _records_tensor(ref: RecordsRef, tensors: dict[str, TensorInfo]) -> TensorInfo:
+    """The records tensor a 2.0 manifest names (removed from ``tensors``: it holds no values)."""
+    if ref.tensor != RECORDS_TENSOR:
+        raise BundleError(f"manifest names records tensor {ref.tensor!r}; format 2.0 keeps records in {RECORDS_TENSOR!r}")
+    info = tensors.pop(RECORDS_TENSOR, None)
+    if info is None:
+        raise BundleError(f"the manifest's records tensor {RECORDS_TENSOR!r} is not in the file (truncated or not "
+                          "written by opband)")
+    if info.dtype != "U8" or len(info.shape) != 1:
+        raise BundleError(f"records tensor {RECORDS_TENSOR!r} must be 1-D U8 (JSON lines), not {info.dtype} {list(info.shape)}")
+    return info
+
+
+def _scan_records(mm: Any, start: int, size: int, count: int, tensors: dict[str, TensorInfo], version: str,
+                  newer: bool) -> tuple[RecordIndex, np.ndarray, list[Record] | None]:
+    """Validate a 2.0 records tensor line by line: (index, line starts, the records when they are few).
+
+    Every line is parsed strictly and checked against the tensors; only the compact index (and, up to
+    ``EAGER_RECORDS``, the Record objects) is kept."""
+    if 3 * count > size:  # a record line is at least 3 bytes ("{}" and its newline)
+        raise BundleError(f"the manifest says {count} records but the records tensor holds {size} bytes")
+    index = RecordIndex()
+    starts = np.zeros(count + 1, dtype=np.int64)
+    eager: list[Record] | None = [] if count <= EAGER_RECORDS else None
+    seen: set[str] | None = set() if eager is not None else None
+    same_shape = _same_shape_required(version)
+    pos, end, i = start, start + size, 0
+    while pos < end:
+        if i == count:
+            raise BundleError(f"the records tensor holds more than the {count} records the manifest says")
+        nl = mm.find(b"\n", pos, min(end, pos + MAX_RECORD_BYTES + 1))
+        if nl < 0:
+            if end - pos > MAX_RECORD_BYTES:
+                raise BundleError(f"record {i} is longer than {MAX_RECORD_BYTES} bytes (the limit for one record line)")
+            raise BundleError(f"record {i} does not end with a newline (records tensor truncated?)")
+        r = parse_record(mm[pos:nl], newer, where=f"record {i}")
+        _check_record(r, tensors, same_shape)
+        if seen is not None:
+            if r.id in seen:
+                raise BundleError(f"record {r.id!r} appears twice in the bundle's records")
+            seen.add(r.id)
+        if eager is not None:
+            eager.append(r)
+        index.add(r)
+        starts[i] = pos - start
+        pos, i = nl + 1, i + 1
+    if i != count:
+        raise BundleError(f"the manifest says {count} records but the records tensor holds {i}")
+    starts[count] = size
+    return index.freeze(), starts, eager
+
+
+def _same_shape_required(version: str) -> bool:
+    """Format 1.0: a record's tensor has the record's shape (1.1 on allow an equal-size reshape)."""
+    major, _, minor = version.partition(".")
+    return major == "1" and minor.isdigit() and int(minor) < 1
+
+
+def _check_records(records: Sequence[Record], tensors: dict[str, TensorInfo], version: str) -> None:
     seen: set[str] = set()
-    minor = manifest.format_version.split(".")[1]
-    same_shape = minor.isdigit() and int(minor) < 1  # 1.0: a record's tensor has the record's shape
-    for record in manifest.records:
+    same_shape = _same_shape_required(version)
+    for record in records:
         if record.id in seen:
             raise BundleError(f"record {record.id!r} appears twice in the manifest")
         seen.add(record.id)
-        name = record.tensor
-        if name is not None:
-            if name not in tensors:
-                raise BundleError(f"record {record.id!r} names tensor {name!r}, which the file does not hold")
-            stored = list(tensors[name].shape)
-            if same_shape and stored != list(record.shape):
+        _check_record(record, tensors, same_shape)
+
+
+def _check_record(record: Record, tensors: dict[str, TensorInfo], same_shape: bool) -> None:
+    """A record against the tensors it names."""
+    name = record.tensor
+    if name is not None:
+        info = tensors.get(name)
+        if info is None:
+            raise BundleError(f"record {record.id!r} names tensor {name!r}, which the file does not hold")
+        stored = list(info.shape)
+        if stored != record.shape:
+            if same_shape:
                 raise BundleError(f"record {record.id!r}: shape {record.shape} differs from tensor {name!r} "
                                   f"{stored} (format 1.0 needs the same shape; 1.1 allows an equal-size reshape)")
-            if stored != list(record.shape) and math.prod(stored) != math.prod(record.shape):
+            if math.prod(stored) != math.prod(record.shape):
                 raise BundleError(f"record {record.id!r}: shape {record.shape} has {math.prod(record.shape)} elements, "
                                   f"tensor {name!r} has shape {stored} ({math.prod(stored)} elements)")
-            want = RECORD_DTYPE_TAG.get(record.dtype, "F32" if record.dtype.startswith("q") else None)
-            if want is not None and tensors[name].dtype != want:
-                raise BundleError(f"record {record.id!r} is {record.dtype} but tensor {name!r} is stored as "
-                                  f"{tensors[name].dtype} (expected {want})")
-        for name in record.input_tensors or []:
-            if name is not None and name not in tensors:
-                raise BundleError(f"record {record.id!r} names input tensor {name!r}, which the file does not hold")
+        want = RECORD_DTYPE_TAG.get(record.dtype, "F32" if record.dtype.startswith("q") else None)
+        if want is not None and info.dtype != want:
+            raise BundleError(f"record {record.id!r} is {record.dtype} but tensor {name!r} is stored as "
+                              f"{info.dtype} (expected {want})")
+    for name in record.input_tensors or []:
+        if name is not None and name not in tensors:
+            raise BundleError(f"record {record.id!r} names input tensor {name!r}, which the file does not hold")
