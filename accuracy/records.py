@@ -1,9 +1,10 @@
 """A compact, columnar index of a bundle's records, for bundles too large to hold as Record objects.
 
-A pydantic :class:`~accuracy.manifest.Record` costs ~3 KB; the index costs ~40 bytes a record: the
+A pydantic :class:`~accuracy.manifest.Record` costs ~3 KB; the index costs ~50 bytes a record: the
 fields alignment needs (module, op, output, shape, kind, execution index) as numpy columns, with
-strings and shapes interned, a hash of each record id for lookups, and where each record's JSON
-line starts, so that any record can be read back from the (memory-mapped) file when it is needed.
+strings and shapes interned, 64-bit hashes of each record's id and tensor name for lookups (every
+hit is confirmed on the record itself), whether it names input tensors, and (kept by the bundle)
+where its JSON line starts, so that any record can be read back from the file when it is needed.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class RecordIndex:
         self._modules, self._ops, self._shapes = _Interner(), _Interner(), _Interner()
         self._cols = {name: array(code) for name, code in (
             ("index", "q"), ("output", "l"), ("kind", "b"), ("module", "l"), ("op", "l"), ("shape", "l"),
-            ("id_hash", "q"))}
+            ("id_hash", "q"), ("tensor_hash", "q"), ("has_inputs", "b"))}
         self.count = 0
 
     def add(self, r: Record) -> None:
@@ -54,6 +55,8 @@ class RecordIndex:
         c["op"].append(self._ops(r.op))
         c["shape"].append(self._shapes(tuple(r.shape)))
         c["id_hash"].append(hash(r.id))
+        c["tensor_hash"].append(0 if r.tensor is None else hash(r.tensor))
+        c["has_inputs"].append(any(n is not None for n in r.input_tensors or ()))
         self.count += 1
 
     def freeze(self) -> RecordIndex:
