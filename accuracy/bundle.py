@@ -421,6 +421,20 @@ class Bundle:
         bundle._check_unique_ids()
         return bundle
 
+    @staticmethod
+    def record_count(path: str | os.PathLike[str]) -> int:
+        """How many records the bundle at ``path`` says it holds, from its header alone (the records are
+        not read or checked: a server refuses a bundle over its limit before validating it)."""
+        path = Path(path)
+        try:
+            size = path.stat().st_size
+            with open(path, "rb") as f:
+                header, _ = read_header(f, size)
+        except OSError as e:
+            raise BundleError(f"cannot read bundle {path}: {e.strerror}") from e
+        manifest, ref = _manifest_from_metadata(header.get("__metadata__"))
+        return ref.count if ref is not None else len(manifest.records)
+
     @property
     def records(self) -> list[Record]:
         """Every record: a list, or for a large bundle a sequence that reads them from the file."""
@@ -638,7 +652,7 @@ def _validate_tensors(header: dict[str, Any], buffer_size: int) -> dict[str, Ten
         begin, end = offsets
         if len(shape) > 64:
             raise BundleError(f"tensor {name!r}: {len(shape)} dimensions (at most 64)")
-        expected = int(np.prod(shape, dtype=object)) * DTYPES[dtype][1]
+        expected = math.prod(shape) * DTYPES[dtype][1]
         if begin < 0 or end < begin or end - begin != expected:
             raise BundleError(f"tensor {name!r}: data_offsets {offsets} do not match shape {shape} x {dtype}")
         key = tuple(shape)

@@ -327,7 +327,19 @@ def parse_manifest_head(text: str) -> tuple[Manifest, RecordsRef | None]:
 
 def parse_record(line: bytes | str, newer: bool = False, where: str = "record") -> Record:
     """One record from its JSON (format 2.0: one line of the records tensor), strict JSON as for the
-    manifest; ``newer``: the bundle's minor version is newer than this reader's (unknown fields dropped)."""
+    manifest; ``newer``: the bundle's minor version is newer than this reader's (unknown fields dropped).
+
+    A line exactly as opband writes it (``model_dump_json(exclude_none=True)`` of what it parses to) is
+    strict JSON by construction: it is parsed in one call; any other line takes the strict path."""
+    if not newer:
+        try:
+            record = Record.model_validate_json(line)
+        except ValidationError:
+            pass  # the strict path below says what is wrong
+        else:
+            dumped = record.model_dump_json(exclude_none=True)
+            if dumped.encode() == line if isinstance(line, bytes) else dumped == line:
+                return record
     data = loads_strict(line, where)
     if not isinstance(data, dict):
         raise BundleError(f"{where} must be a JSON object")

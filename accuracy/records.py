@@ -56,7 +56,8 @@ class RecordIndex:
         c["shape"].append(self._shapes(tuple(r.shape)))
         c["id_hash"].append(hash(r.id))
         c["tensor_hash"].append(0 if r.tensor is None else hash(r.tensor))
-        c["has_inputs"].append(any(n is not None for n in r.input_tensors or ()))
+        names = r.input_tensors
+        c["has_inputs"].append(bool(names) and names.count(None) < len(names))
         self.count += 1
 
     def freeze(self) -> RecordIndex:
