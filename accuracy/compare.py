@@ -156,16 +156,20 @@ def compare(
     history: History | Mapping[Any, Any] | Iterable[Mapping[str, Any]] | str | os.PathLike[str] | None = None,
     band_config: BandConfig | None = None,
     target_id: str | None = None,
+    on_pass: Callable[[list[OpResult]], None] | None = None,
 ) -> ComparisonReport:
     """Compare two bundles op by op and return the report the CLI, API and gate all render.
 
     ``golden``: the fp64 recomputation bundle (required in golden mode). ``history``: accepted
     past results (see docs/bands.md); ``target_id`` names the target they were kept for.
+    A comparison of more than ``KEEP_ALL_RESULTS`` pairs keeps memory flat: its plain passing results
+    are counted (``report.passes_not_listed``), not listed in ``report.ops``, and handed in batches to
+    ``on_pass`` when given (they are final: e.g. to store every op's row as it comes).
     """
     plan = plan_comparison(reference, target, mode=mode, budgets=budgets, golden=golden, history=history,
                            band_config=band_config, target_id=target_id)
     if len(plan.pairs) > KEEP_ALL_RESULTS and not _parameter_diffs(plan)[0]:
-        return conclude(plan, judge_streamed(plan, progress))
+        return conclude(plan, judge_streamed(plan, progress, on_pass))
     return conclude(plan, judge_range(plan, 0, len(plan.pairs), progress))
 
 
@@ -262,20 +266,26 @@ class Tally:
     kept: list[OpResult] = field(default_factory=list)
     judged: int = 0
     passes: int = 0  # plain passes, not kept
+    on_pass: Callable[[list[OpResult]], None] | None = None  # gets each batch's plain passes (final results)
 
     def add(self, results: Iterable[OpResult]) -> None:
+        passed: list[OpResult] = []
         for r in results:
             self.judged += 1
             if r.verdict == "pass" and not (r.bands or r.finding or r.layouts or (r.auxiliary and r.reason.startswith("auxiliary"))):
-                self.passes += 1
+                passed.append(r)
             else:
                 self.kept.append(r)
+        self.passes += len(passed)
+        if self.on_pass is not None and passed:
+            self.on_pass(passed)
 
 
-def judge_streamed(plan: ComparisonPlan, progress: Callable[[int, int], None] | None = None) -> Tally:
+def judge_streamed(plan: ComparisonPlan, progress: Callable[[int, int], None] | None = None,
+                   on_pass: Callable[[list[OpResult]], None] | None = None) -> Tally:
     """:func:`judge_range` over every pair, in batches, into a :class:`Tally` (memory flat in the number
     of passing ops); ``progress(done, total)`` after each batch."""
-    tally = Tally()
+    tally = Tally(on_pass=on_pass)
     total = len(plan.pairs)
     for start in range(0, total, JUDGE_BATCH):
         tally.add(judge_range(plan, start, min(total, start + JUDGE_BATCH)))
