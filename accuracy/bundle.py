@@ -422,18 +422,24 @@ class Bundle:
         return bundle
 
     @staticmethod
-    def record_count(path: str | os.PathLike[str]) -> int:
-        """How many records the bundle at ``path`` says it holds, from its header alone (the records are
-        not read or checked: a server refuses a bundle over its limit before validating it)."""
+    def peek_records(path: str | os.PathLike[str]) -> tuple[int, int, int]:
+        """``(records, record bytes, header bytes)`` of the bundle at ``path``, from its header alone
+        (the records are not read or checked: a server refuses a bundle over its limits before
+        validating it). Record bytes: the records tensor's size (0 in 1.x, whose header holds them)."""
         path = Path(path)
         try:
             size = path.stat().st_size
             with open(path, "rb") as f:
-                header, _ = read_header(f, size)
+                header, data_start = read_header(f, size)
         except OSError as e:
             raise BundleError(f"cannot read bundle {path}: {e.strerror}") from e
         manifest, ref = _manifest_from_metadata(header.get("__metadata__"))
-        return ref.count if ref is not None else len(manifest.records)
+        if ref is None:
+            return len(manifest.records), 0, data_start - 8
+        entry = header.get(ref.tensor)
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        ok = isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
+        return ref.count, max(0, offsets[1] - offsets[0]) if ok else 0, data_start - 8  # type: ignore[index]
 
     @property
     def records(self) -> list[Record]:

@@ -42,9 +42,10 @@ class Settings(BaseSettings):
         "crash or OOM kill of it leaves the API (or worker) running; the job is retried"))
     max_upload_bytes: int = Field(default=8 << 30, ge=1, description="uploads beyond this get 413")
     max_json_bytes: int = Field(default=1 << 20, ge=1, description="JSON request bodies beyond this get 413, unread")
-    max_manifest_bytes: int = Field(default=100_000_000, ge=1, description=(
-        "a bundle whose header (tensor table and manifest; format 1.x manifests hold the records too) is "
-        "larger gets 413 before it is parsed; 100 MB is the format's own cap"))
+    max_manifest_bytes: int = Field(default=1 << 30, ge=1, description=(
+        "a bundle whose header (tensor table and manifest) and records together are larger gets 413 before "
+        "they are parsed (format 2.0 validates records streaming, in flat memory; the header alone is capped "
+        "at 100 MB by the format)"))
     max_records: int = Field(default=2_000_000, ge=1, description=(
         "bundles that say they hold more records than this get 413 before they are read (format 2.0 bundles "
         "are validated and ingested streaming, in flat memory: this bounds time and op_records rows)"))

@@ -126,7 +126,7 @@ shutil.copyfile({tgt!r}, upload)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t = time.perf_counter(); c = time.process_time()
 row, created = store_bundle(db, store, project, SpooledUpload(upload, uuid.uuid4().hex, upload.stat().st_size),
-                            limits=IngestLimits(max_manifest_bytes=100_000_000, max_records=10**8), isolate=False)
+                            limits=IngestLimits(max_manifest_bytes=1 << 32, max_records=10**8), isolate=False)
 wall, cpu = time.perf_counter() - t, time.process_time() - c
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 print(json.dumps({{"wall": wall, "cpu": cpu, "records": row.records, "rss_before": before * 1024, "rss_peak": peak * 1024}}))

@@ -60,7 +60,7 @@ def test_streamed_records_come_first_then_the_manifests(tmp_path: Path) -> None:
     assert [r.index for r in b.records] == [0, 1, 2, 3] and isinstance(b.records, list)
     st = b.records[0].stats
     assert st is not None and np.isnan(st.min) and st.max == float("inf")  # type: ignore[arg-type]
-    assert sorted(b.tensors) == ["a"] and Bundle.record_count(b.path) == 4
+    assert sorted(b.tensors) == ["a"] and Bundle.peek_records(b.path)[0] == 4
 
 
 def test_writer_refuses_its_own_tensor_names(tmp_path: Path) -> None:
@@ -281,3 +281,11 @@ def test_ingest_streams_records_and_refuses_too_many_before_reading_them(tmp_pat
     broken = _v2(tmp_path / "b.bundle", b"not json\n" * 5)  # the count is refused before any line is read
     with pytest.raises(TooLarge, match="5 records; this server takes at most 4 per bundle"):
         inspect_bundle(broken, out, IngestLimits(max_records=4))
+    many = _v2(tmp_path / "m.bundle", _lines([{**GOOD, "key": f"m/aten.mul#{i}", "ordinal": i} for i in range(40)]))
+    count, record_bytes, header_bytes = Bundle.peek_records(many)
+    assert count == 40 and record_bytes == len(_lines([{**GOOD, "key": f"m/aten.mul#{i}", "ordinal": i}
+                                                       for i in range(40)]))
+    with pytest.raises(TooLarge, match="manifest and records are .* bytes; this server reads at most 4,000 "
+                                       r"\(OPBAND_MAX_MANIFEST_BYTES\)"):
+        inspect_bundle(many, out, IngestLimits(max_manifest_bytes=4000))
+    assert header_bytes < 4000 < header_bytes + record_bytes

@@ -94,32 +94,39 @@ async def spool(body: AsyncIterator[bytes], temp_dir: Path, limit: int, declared
 class IngestLimits:
     """What one bundle may cost the server (Settings.max_manifest_bytes, max_records)."""
 
-    max_manifest_bytes: int = 100_000_000
+    max_manifest_bytes: int = 1 << 30
     max_records: int = 2_000_000
 
 
+_SPLIT = "split the capture (--module/--op filters, fewer steps, or summary mode, which stores no tensors)"
+
+
 def check_header_size(path: Path, limit: int) -> None:
-    """Refuse (413) a bundle whose header (tensor table and manifest; a 1.x manifest holds the records
-    too) is over ``limit`` bytes, before parsing it."""
+    """Refuse (413) a bundle whose header (tensor table and manifest) is over ``limit`` bytes, before
+    parsing it."""
     with open(path, "rb") as f:
         head = f.read(8)
     if len(head) == 8:
         (n,) = struct.unpack("<Q", head)
         if limit < n <= path.stat().st_size - 8:  # a length past the file's end is no bundle at all: the parser says so
-            raise TooLarge(f"the bundle's header (tensor table and manifest) is {n:,} bytes; this server parses at "
-                           f"most {limit:,} (OPBAND_MAX_MANIFEST_BYTES): split the capture (--module/--op filters, "
-                           "or summary mode, which stores no tensors)")
+            raise TooLarge(f"the bundle's header (tensor table and manifest) is {n:,} bytes; this server reads at "
+                           f"most {limit:,} of manifest and records (OPBAND_MAX_MANIFEST_BYTES): {_SPLIT}")
 
 
-def check_record_count(path: Path, limit: int) -> int:
-    """Refuse (413) a bundle that says it holds more than ``limit`` records, before reading them."""
+def check_records_size(path: Path, limits: IngestLimits) -> int:
+    """Refuse (413) a bundle that says it holds more than ``max_records`` records, or whose header and
+    records (the JSON the server validates; format 2.0 keeps records out of the header) are over
+    ``max_manifest_bytes``, before reading a record. Returns the record count."""
     try:
-        count = Bundle.record_count(path)
+        count, record_bytes, header_bytes = Bundle.peek_records(path)
     except BundleError as e:
         raise InvalidInput(f"not a valid opband bundle: {e}") from e
-    if count > limit:
-        raise TooLarge(f"the bundle has {count:,} records; this server takes at most {limit:,} per bundle "
-                       "(OPBAND_MAX_RECORDS): split the capture (--module/--op filters, or fewer steps)")
+    if count > limits.max_records:
+        raise TooLarge(f"the bundle has {count:,} records; this server takes at most {limits.max_records:,} per "
+                       f"bundle (OPBAND_MAX_RECORDS): {_SPLIT}")
+    if header_bytes + record_bytes > limits.max_manifest_bytes:
+        raise TooLarge(f"the bundle's manifest and records are {header_bytes + record_bytes:,} bytes; this server "
+                       f"reads at most {limits.max_manifest_bytes:,} (OPBAND_MAX_MANIFEST_BYTES): {_SPLIT}")
     return count
 
 
@@ -147,7 +154,7 @@ def inspect_bundle(path: Path, records_path: Path, limits: IngestLimits, names: 
     which holds its records, costs memory in proportion: :func:`store_bundle` runs this in a short-lived
     child process, so that cost never stays in, or grows, the server)."""
     check_header_size(path, limits.max_manifest_bytes)
-    check_record_count(path, limits.max_records)
+    check_records_size(path, limits)
     try:
         bundle = Bundle.open(path)
     except BundleError as e:
