@@ -20,7 +20,8 @@ import os
 import struct
 import sys
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+from array import array
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -30,7 +31,7 @@ import numpy as np
 from accuracy.errors import BundleError
 from accuracy.manifest import FORMAT_NAME, FORMAT_VERSION, Manifest, Record, RecordsRef, newer_minor, parse_manifest_head, parse_record
 from accuracy.records import RecordIndex, RecordList
-from accuracy.strictjson import loads_strict
+from accuracy.strictjson import _refuse_constant, _refuse_duplicates
 
 #: Header size limit, as in the safetensors reference implementation.
 MAX_HEADER_BYTES = 100_000_000
@@ -50,6 +51,9 @@ DTYPES: dict[str, tuple[np.dtype, int]] = {
     "U8": (np.dtype("u1"), 1),
     "BOOL": (np.dtype("?"), 1),
 }
+
+_TAG_NAMES: tuple[str, ...] = tuple(DTYPES)
+_TAG_CODES = {tag: code for code, tag in enumerate(_TAG_NAMES)}
 
 #: Record dtype name -> the tag its tensor must be stored with (quantized dtypes store F32 values).
 RECORD_DTYPE_TAG: dict[str, str] = {
@@ -85,6 +89,103 @@ class TensorInfo:
     @property
     def nbytes(self) -> int:
         return self.end - self.begin
+
+
+class TensorTable(Mapping[str, TensorInfo]):
+    """The header's tensor entries, name -> :class:`TensorInfo`, as numpy columns: ~45 bytes a tensor
+    plus its name's UTF-8 bytes (a dict of TensorInfo costs ~350), so a bundle of a million tensors
+    opens in flat memory. Lookups go by a 64-bit hash of the name, confirmed on the name itself.
+    Iterates in data-buffer order."""
+
+    def __init__(self) -> None:
+        self._names = bytearray()
+        self._cols = {k: array(t) for k, t in (("begin", "q"), ("end", "q"), ("dtype", "b"), ("shape", "l"),
+                                               ("name_at", "q"), ("hash", "q"))}
+        self._shapes: dict[tuple[int, ...], int] = {}
+        self._hidden = -1
+
+    def add(self, name: str, dtype: str, shape: tuple[int, ...], begin: int, end: int) -> None:
+        c = self._cols
+        c["begin"].append(begin)
+        c["end"].append(end)
+        c["dtype"].append(_TAG_CODES[dtype])
+        c["shape"].append(self._shapes.setdefault(shape, len(self._shapes)))
+        c["name_at"].append(len(self._names))
+        c["hash"].append(hash(name))
+        self._names += name.encode("utf-8", "surrogatepass")
+
+    def freeze(self) -> TensorTable:
+        """Columns to numpy (after the last :meth:`add`); order by data offset; index the hashes."""
+        cols = {k: np.frombuffer(v, dtype=v.typecode).copy() if len(v) else np.zeros(0, v.typecode)
+                for k, v in self._cols.items()}
+        self._cols = {}
+        self._name_end = np.append(cols["name_at"][1:], len(self._names)).astype(np.int64)
+        self._name_at = cols["name_at"]
+        order = np.lexsort((cols["end"], cols["begin"]))  # data order, as the buffer is checked
+        self.order = order
+        self.begin, self.end, self.dtype, self.shape = cols["begin"], cols["end"], cols["dtype"], cols["shape"]
+        self.shapes = [s for s, _ in sorted(self._shapes.items(), key=lambda kv: kv[1])]
+        self._shapes = {}
+        by_hash = np.argsort(cols["hash"], kind="stable")
+        self._hash_keys, self._hash_slots = cols["hash"][by_hash], by_hash
+        return self
+
+    def name(self, slot: int) -> str:
+        return bytes(self._names[self._name_at[slot] : self._name_end[slot]]).decode("utf-8", "surrogatepass")
+
+    def slot(self, name: str) -> int | None:
+        """The slot of ``name`` (its position in the header), or None."""
+        h = hash(name)
+        lo = int(np.searchsorted(self._hash_keys, h, "left"))
+        while lo < len(self._hash_keys) and self._hash_keys[lo] == h:
+            slot = int(self._hash_slots[lo])
+            if slot != self._hidden and self.name(slot) == name:
+                return slot
+            lo += 1
+        return None
+
+    def info(self, slot: int) -> TensorInfo:
+        return TensorInfo(self.name(slot), _TAG_NAMES[self.dtype[slot]], self.shapes[self.shape[slot]],
+                          int(self.begin[slot]), int(self.end[slot]))
+
+    def hide(self, name: str) -> TensorInfo | None:
+        """Take ``name`` out of the mapping (the records tensor: opband's own); its info, or None."""
+        slot = self.slot(name)
+        if slot is None:
+            return None
+        self._hidden = slot
+        return self.info(slot)
+
+    def duplicate_name(self) -> str | None:
+        """A name the header gives twice, if any (equal hashes, confirmed on the names)."""
+        keys = self._hash_keys
+        for k in np.unique(keys[1:][keys[1:] == keys[:-1]]):
+            lo, hi = np.searchsorted(keys, k, "left"), np.searchsorted(keys, k, "right")
+            names = [self.name(int(s)) for s in self._hash_slots[lo:hi]]
+            repeated = [n for n in names if names.count(n) > 1]
+            if repeated:
+                return repeated[0]
+        return None
+
+    def __getitem__(self, name: str) -> TensorInfo:
+        slot = self.slot(name)
+        if slot is None:
+            raise KeyError(name)
+        return self.info(slot)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self.slot(name) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        for slot in self.order:
+            if slot != self._hidden:
+                yield self.name(int(slot))
+
+    def __len__(self) -> int:
+        return len(self.order) - (self._hidden >= 0)
+
+    def __repr__(self) -> str:
+        return f"<TensorTable of {len(self)} tensors>"
 
 
 #: Bundles whose tensor data stays below this size are assembled in memory and written once,
@@ -123,7 +224,7 @@ class BundleWriter:
         self._spill = SPILL_BYTES if spill_bytes is None else spill_bytes
         self._buffer: list[bytes] | None = []  # None once data streams to the file
         self._data_start = 0  # file offset of the data buffer once streaming (8 + reservation)
-        self._tensors: dict[str, TensorInfo] = {}
+        self._tensors: Mapping[str, TensorInfo] = {}
         self._entry_bytes = 0  # running estimate of the tensor entries' share of the header
         self._offset = 0
         self._records: BinaryIO = tempfile.SpooledTemporaryFile(max_size=4 << 20, dir=self.path.parent)  # type: ignore[assignment]
@@ -371,7 +472,7 @@ class Bundle:
     ``record_at(position)`` and ``index``, the compact columns comparisons align on.
     """
 
-    def __init__(self, path: Path, manifest: Manifest, tensors: dict[str, TensorInfo], data_start: int,
+    def __init__(self, path: Path, manifest: Manifest, tensors: Mapping[str, TensorInfo], data_start: int,
                  index: RecordIndex | None = None, lines: tuple[int, np.ndarray] | None = None,
                  newer: bool = False) -> None:
         self.path = path
@@ -399,10 +500,8 @@ class Bundle:
         try:
             size = path.stat().st_size
             with open(path, "rb") as f:
-                header, data_start = read_header(f, size)
-                metadata = header.pop("__metadata__", None)
-                tensors = _validate_tensors(header, size - data_start)
-                del header
+                metadata, tensors, data_start = read_header(f, size)
+                _check_coverage(tensors, size - data_start)
                 manifest, ref = _manifest_from_metadata(metadata)
                 if ref is None:  # format 1.x: the records were in the manifest
                     _check_records(manifest.records, tensors, manifest.format_version)
@@ -430,16 +529,14 @@ class Bundle:
         try:
             size = path.stat().st_size
             with open(path, "rb") as f:
-                header, data_start = read_header(f, size)
+                metadata, tensors, data_start = read_header(f, size)
         except OSError as e:
             raise BundleError(f"cannot read bundle {path}: {e.strerror}") from e
-        manifest, ref = _manifest_from_metadata(header.get("__metadata__"))
+        manifest, ref = _manifest_from_metadata(metadata)
         if ref is None:
             return len(manifest.records), 0, data_start - 8
-        entry = header.get(ref.tensor)
-        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
-        ok = isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
-        return ref.count, max(0, offsets[1] - offsets[0]) if ok else 0, data_start - 8  # type: ignore[index]
+        info = tensors.get(ref.tensor)
+        return ref.count, info.nbytes if info is not None else 0, data_start - 8
 
     @property
     def records(self) -> list[Record]:
@@ -599,8 +696,9 @@ def sniff_foreign(head: bytes) -> str | None:
     return None
 
 
-def read_header(f: BinaryIO, size: int) -> tuple[dict[str, Any], int]:
-    """Read and JSON-decode the safetensors header; returns (header, data start offset).
+def read_header(f: BinaryIO, size: int) -> tuple[Any, TensorTable, int]:
+    """Read and strictly parse the safetensors header: (``__metadata__`` value or None, tensor table,
+    data start offset). The tensor entries are checked here too (see :func:`_check_entry`).
 
     A file that fails a structural check and starts like a pickle, an archive or another known
     format is refused by that name (only then: a bundle whose header length begins with byte
@@ -618,7 +716,7 @@ def read_header(f: BinaryIO, size: int) -> tuple[dict[str, Any], int]:
         raise
 
 
-def _read_header(f: BinaryIO, size: int) -> tuple[dict[str, Any], int]:
+def _read_header(f: BinaryIO, size: int) -> tuple[Any, TensorTable, int]:
     if size < 8:
         raise BundleError(f"file is {size} bytes; a bundle starts with an 8-byte header length")
     (n,) = struct.unpack("<Q", f.read(8))
@@ -631,47 +729,101 @@ def _read_header(f: BinaryIO, size: int) -> tuple[dict[str, Any], int]:
     raw = f.read(n)
     if not raw.startswith(b"{"):
         raise BundleError("header does not start with '{': not a safetensors/opband bundle")
-    header = loads_strict(raw.rstrip(b" "), "bundle header")
-    if not isinstance(header, dict):
-        raise BundleError("header must be a JSON object")
-    return header, 8 + n
+    try:
+        text = raw.rstrip(b" ").decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BundleError(f"bundle header is not valid UTF-8 (byte {e.start}): {e.reason}") from e
+    del raw
+    try:
+        metadata, table = _parse_header(text)
+    except json.JSONDecodeError as e:
+        raise BundleError(f"bundle header is not valid JSON: {e}") from e
+    except RecursionError as e:
+        raise BundleError("bundle header nests too deeply") from e
+    return metadata, table, 8 + n
 
 
-_TAGS = {tag: tag for tag in DTYPES}  # one string object per dtype tag, shared by every TensorInfo
+_WS = json.decoder.WHITESPACE.match  # type: ignore[attr-defined]
+_MISSING = object()
 
 
-def _validate_tensors(header: dict[str, Any], buffer_size: int) -> dict[str, TensorInfo]:
-    infos: list[TensorInfo] = []
-    shapes: dict[tuple[int, ...], tuple[int, ...]] = {}  # one tuple per distinct shape
-    for name, entry in header.items():
-        if not name or len(name) > 4096:
-            raise BundleError(f"tensor name {name[:40]!r}: names must be 1 to 4096 characters")
-        if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
-            raise BundleError(f"tensor {name!r}: entry must have exactly dtype, shape, data_offsets")
-        dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-        if dtype not in DTYPES:
-            raise BundleError(f"tensor {name!r}: unknown dtype {dtype!r}")
-        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-            raise BundleError(f"tensor {name!r}: shape must be a list of non-negative integers")
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)):
-            raise BundleError(f"tensor {name!r}: data_offsets must be two integers")
-        begin, end = offsets
-        if len(shape) > 64:
-            raise BundleError(f"tensor {name!r}: {len(shape)} dimensions (at most 64)")
-        expected = math.prod(shape) * DTYPES[dtype][1]
-        if begin < 0 or end < begin or end - begin != expected:
-            raise BundleError(f"tensor {name!r}: data_offsets {offsets} do not match shape {shape} x {dtype}")
-        key = tuple(shape)
-        infos.append(TensorInfo(name, _TAGS[dtype], shapes.setdefault(key, key), begin, end))
-    infos.sort(key=lambda t: (t.begin, t.end))
-    cursor = 0
-    for info in infos:
-        if info.begin != cursor:
-            raise BundleError(f"tensor {info.name!r}: data starts at {info.begin}, expected {cursor} (hole or overlap)")
-        cursor = info.end
+def _parse_header(text: str) -> tuple[Any, TensorTable]:
+    """The header object, one entry at a time (the standard strict decoder for each value), so a
+    million tensor entries never exist as Python dicts at once: each goes into the table as parsed."""
+    decoder = json.JSONDecoder(object_pairs_hook=_refuse_duplicates, parse_constant=_refuse_constant)
+    scanstring = json.decoder.scanstring  # type: ignore[attr-defined]
+    table = TensorTable()
+    metadata: Any = _MISSING
+    pos = _WS(text, 1).end()
+
+    def expect(char: str, at: int) -> int:
+        if at >= len(text) or text[at] != char:
+            what = "Expecting property name enclosed in double quotes" if char == '"' else f"Expecting '{char}' delimiter"
+            raise json.JSONDecodeError(what, text, at)
+        return at + 1
+
+    if pos < len(text) and text[pos] == "}":
+        pos += 1
+    else:
+        while True:
+            name, pos = scanstring(text, expect('"', pos), True)
+            pos = _WS(text, expect(":", _WS(text, pos).end())).end()
+            value, pos = decoder.raw_decode(text, pos)
+            if name == "__metadata__":
+                if metadata is not _MISSING:
+                    raise BundleError("duplicate JSON key '__metadata__': a bundle header must name each entry once")
+                metadata = value
+            else:
+                table.add(name, *_check_entry(name, value))
+            pos = _WS(text, pos).end()
+            if pos < len(text) and text[pos] == ",":
+                pos = _WS(text, pos + 1).end()
+                continue
+            pos = expect("}", pos)
+            break
+    if _WS(text, pos).end() != len(text):
+        raise json.JSONDecodeError("Extra data", text, pos)
+    table.freeze()
+    repeated = table.duplicate_name()
+    if repeated is not None:
+        raise BundleError(f"duplicate JSON key {repeated!r}: a bundle header must name each entry once")
+    return (None if metadata is _MISSING else metadata), table
+
+
+def _check_entry(name: str, entry: Any) -> tuple[str, tuple[int, ...], int, int]:
+    """One tensor entry of the header, checked: (dtype, shape, begin, end)."""
+    if not name or len(name) > 4096:
+        raise BundleError(f"tensor name {name[:40]!r}: names must be 1 to 4096 characters")
+    if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
+        raise BundleError(f"tensor {name!r}: entry must have exactly dtype, shape, data_offsets")
+    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    if dtype not in DTYPES:
+        raise BundleError(f"tensor {name!r}: unknown dtype {dtype!r}")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise BundleError(f"tensor {name!r}: shape must be a list of non-negative integers")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)):
+        raise BundleError(f"tensor {name!r}: data_offsets must be two integers")
+    begin, end = offsets
+    if len(shape) > 64:
+        raise BundleError(f"tensor {name!r}: {len(shape)} dimensions (at most 64)")
+    expected = math.prod(shape) * DTYPES[dtype][1]
+    if begin < 0 or end < begin or end - begin != expected or end >= 1 << 63:
+        raise BundleError(f"tensor {name!r}: data_offsets {offsets} do not match shape {shape} x {dtype}")
+    return dtype, tuple(shape), begin, end
+
+
+def _check_coverage(table: TensorTable, buffer_size: int) -> None:
+    """The tensors cover the data buffer exactly: in data order each starts where the last one ended."""
+    begin, end = table.begin[table.order], table.end[table.order]
+    starts = np.concatenate([np.zeros(1, np.int64), end[:-1]])
+    bad = np.flatnonzero(begin != starts)
+    if bad.size:
+        i = int(bad[0])
+        raise BundleError(f"tensor {table.name(int(table.order[i]))!r}: data starts at {begin[i]}, expected "
+                          f"{starts[i]} (hole or overlap)")
+    cursor = int(end[-1]) if len(end) else 0
     if cursor != buffer_size:
         raise BundleError(f"data buffer is {buffer_size} bytes but tensors cover {cursor} (truncated or trailing bytes)")
-    return {t.name: t for t in infos}
 
 
 def _manifest_from_metadata(metadata: Any) -> tuple[Manifest, RecordsRef | None]:
@@ -682,11 +834,11 @@ def _manifest_from_metadata(metadata: Any) -> tuple[Manifest, RecordsRef | None]
     return parse_manifest_head(metadata[_META_MANIFEST])
 
 
-def _records_tensor(ref: RecordsRef, tensors: dict[str, TensorInfo]) -> TensorInfo:
-    """The records tensor a 2.0 manifest names (removed from ``tensors``: it holds no values)."""
+def _records_tensor(ref: RecordsRef, tensors: TensorTable) -> TensorInfo:
+    """The records tensor a 2.0 manifest names (hidden from ``tensors``: it holds no values)."""
     if ref.tensor != RECORDS_TENSOR:
         raise BundleError(f"manifest names records tensor {ref.tensor!r}; format 2.0 keeps records in {RECORDS_TENSOR!r}")
-    info = tensors.pop(RECORDS_TENSOR, None)
+    info = tensors.hide(RECORDS_TENSOR)
     if info is None:
         raise BundleError(f"the manifest's records tensor {RECORDS_TENSOR!r} is not in the file (truncated or not "
                           "written by opband)")
@@ -695,7 +847,7 @@ def _records_tensor(ref: RecordsRef, tensors: dict[str, TensorInfo]) -> TensorIn
     return info
 
 
-def _scan_records(mm: Any, start: int, size: int, count: int, tensors: dict[str, TensorInfo], version: str,
+def _scan_records(mm: Any, start: int, size: int, count: int, tensors: Mapping[str, TensorInfo], version: str,
                   newer: bool) -> tuple[RecordIndex, np.ndarray, list[Record] | None]:
     """Validate a 2.0 records tensor line by line: (index, line starts, the records when they are few).
 
@@ -740,7 +892,7 @@ def _same_shape_required(version: str) -> bool:
     return major == "1" and minor.isdigit() and int(minor) < 1
 
 
-def _check_records(records: Sequence[Record], tensors: dict[str, TensorInfo], version: str) -> None:
+def _check_records(records: Sequence[Record], tensors: Mapping[str, TensorInfo], version: str) -> None:
     seen: set[str] = set()
     same_shape = _same_shape_required(version)
     for record in records:
@@ -750,7 +902,7 @@ def _check_records(records: Sequence[Record], tensors: dict[str, TensorInfo], ve
         _check_record(record, tensors, same_shape)
 
 
-def _check_record(record: Record, tensors: dict[str, TensorInfo], same_shape: bool) -> None:
+def _check_record(record: Record, tensors: Mapping[str, TensorInfo], same_shape: bool) -> None:
     """A record against the tensors it names."""
     name = record.tensor
     if name is not None:
