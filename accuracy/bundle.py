@@ -550,6 +550,8 @@ class Bundle:
             return
         for i in range(self.index.count):
             yield self.record_at(i)
+            if i % 65536 == 65535:
+                self.release_pages()
 
     def record_at(self, position: int) -> Record:
         """The record at ``position`` in file order."""
@@ -584,6 +586,12 @@ class Bundle:
             repeated = sorted({i for i in ids if ids.count(i) > 1})
             if repeated:
                 raise BundleError(f"record {repeated[0]!r} appears twice in the bundle's records")
+
+    def release_pages(self) -> None:
+        """Drop the file's pages from this process's resident set (they stay in the page cache, and
+        arrays read from the file stay valid): a long pass over a large bundle calls this now and then."""
+        if self._map is not None:
+            _release(self._map, 0, len(self._map) - len(self._map) % mmap.PAGESIZE)
 
     def _mapped(self) -> mmap.mmap:
         if self._map is None:
@@ -847,6 +855,17 @@ def _records_tensor(ref: RecordsRef, tensors: TensorTable) -> TensorInfo:
     return info
 
 
+#: The scan of a records tensor drops the pages it has read from its mapping every this many bytes
+#: (they stay in the page cache): resident memory stays flat however large the records are.
+_RELEASE_BYTES = 32 << 20
+
+
+def _release(mm: mmap.mmap, offset: int, length: int) -> None:
+    """Drop a page-aligned range of a read-only file mapping from this process's resident set."""
+    if length > 0 and hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+        mm.madvise(mmap.MADV_DONTNEED, offset, length)
+
+
 def _scan_records(mm: Any, start: int, size: int, count: int, tensors: Mapping[str, TensorInfo], version: str,
                   newer: bool) -> tuple[RecordIndex, np.ndarray, list[Record] | None]:
     """Validate a 2.0 records tensor line by line: (index, line starts, the records when they are few).
@@ -861,7 +880,12 @@ def _scan_records(mm: Any, start: int, size: int, count: int, tensors: Mapping[s
     seen: set[str] | None = set() if eager is not None else None
     same_shape = _same_shape_required(version)
     pos, end, i = start, start + size, 0
+    released = start - start % mmap.PAGESIZE  # pages before this are dropped from the mapping as the scan passes
     while pos < end:
+        if pos - released > _RELEASE_BYTES:
+            upto = pos - pos % mmap.PAGESIZE
+            _release(mm, released, upto - released)
+            released = upto
         if i == count:
             raise BundleError(f"the records tensor holds more than the {count} records the manifest says")
         nl = mm.find(b"\n", pos, min(end, pos + MAX_RECORD_BYTES + 1))
@@ -906,7 +930,7 @@ def _check_record(record: Record, tensors: Mapping[str, TensorInfo], same_shape:
     """A record against the tensors it names."""
     name = record.tensor
     if name is not None:
-        info = tensors.get(name)
+        info = tensors.get(name)  # a TensorTable or a dict
         if info is None:
             raise BundleError(f"record {record.id!r} names tensor {name!r}, which the file does not hold")
         stored = list(info.shape)
