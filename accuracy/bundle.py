@@ -224,7 +224,8 @@ class BundleWriter:
         self._spill = SPILL_BYTES if spill_bytes is None else spill_bytes
         self._buffer: list[bytes] | None = []  # None once data streams to the file
         self._data_start = 0  # file offset of the data buffer once streaming (8 + reservation)
-        self._tensors: Mapping[str, TensorInfo] = {}
+        self._names: set[int] = set()  # hashes of the tensor names written: duplicates are refused
+        self._entries = bytearray()  # the header's tensor entries as they will appear in it (~80 bytes a tensor)
         self._entry_bytes = 0  # running estimate of the tensor entries' share of the header
         self._offset = 0
         self._records: BinaryIO = tempfile.SpooledTemporaryFile(max_size=4 << 20, dir=self.path.parent)  # type: ignore[assignment]
@@ -259,7 +260,7 @@ class BundleWriter:
     def _add(self, name: str, dtype: str, shape: tuple[int, ...], data: bytes | memoryview) -> None:
         if self._file is None:
             raise BundleError("bundle writer is closed")
-        if name in self._tensors:
+        if hash(name) in self._names:
             raise BundleError(f"duplicate tensor name {name!r}")
         if dtype not in DTYPES:
             raise BundleError(f"unsupported dtype tag {dtype!r}")
@@ -268,7 +269,7 @@ class BundleWriter:
         view = memoryview(b"") if view.nbytes == 0 else view.cast("B") if view.format != "B" or view.ndim != 1 else view
         if view.nbytes != size:
             raise BundleError(f"tensor {name!r}: {view.nbytes} bytes given, shape needs {size}")
-        self._tensors[name] = TensorInfo(name, dtype, tuple(shape), self._offset, self._offset + size)
+        self._entry(name, dtype, shape, size)
         self._entry_bytes += len(name) + 24 * len(shape) + 96
         self._offset += size
         if self._buffer is not None and self._offset < self._spill:
@@ -277,6 +278,13 @@ class BundleWriter:
         if self._buffer is not None:
             self._start_streaming()
         self._file.write(view)
+
+    def _entry(self, name: str, dtype: str, shape: tuple[int, ...], size: int) -> None:
+        """Note a tensor's header entry (compact JSON, exactly as ``json.dumps`` of the header writes it)."""
+        self._names.add(hash(name))
+        self._entries += b"," + json.dumps(name).encode() + json.dumps(
+            {"dtype": dtype, "shape": list(shape), "data_offsets": [self._offset, self._offset + size]},
+            separators=(",", ":")).encode().replace(b"{", b":{", 1)
 
     def add_array(self, name: str, array: np.ndarray, dtype: str | None = None) -> None:
         """Append a numpy array; ``dtype`` overrides the tag (for raw BF16/F8 payloads)."""
@@ -299,7 +307,7 @@ class BundleWriter:
         if self._buffer is not None and self._offset + size < self._spill:
             self._add(RECORDS_TENSOR, "U8", (size,), spool.read())
             return
-        self._tensors[RECORDS_TENSOR] = TensorInfo(RECORDS_TENSOR, "U8", (size,), self._offset, self._offset + size)
+        self._entry(RECORDS_TENSOR, "U8", (size,), size)
         self._entry_bytes += len(RECORDS_TENSOR) + 120
         self._offset += size
         if self._buffer is not None:
@@ -323,19 +331,9 @@ class BundleWriter:
         self.add_records(manifest.records)
         self._add_records_tensor()
         self._records.close()
-        header: dict[str, Any] = {
-            "__metadata__": {
-                _META_FORMAT: FORMAT_NAME,
-                _META_MANIFEST: self._manifest_json(manifest),
-            }
-        }
-        for info in self._tensors.values():
-            header[info.name] = {
-                "dtype": info.dtype,
-                "shape": list(info.shape),
-                "data_offsets": [info.begin, info.end],
-            }
-        raw = json.dumps(header, separators=(",", ":")).encode()
+        metadata = {_META_FORMAT: FORMAT_NAME, _META_MANIFEST: self._manifest_json(manifest)}
+        raw = b'{"__metadata__":' + json.dumps(metadata, separators=(",", ":")).encode() + self._entries + b"}"
+        self._entries = bytearray()
         raw += b" " * (-len(raw) % 8)  # align the data buffer to 8 bytes, as safetensors does
         out, self._file = self._file, None
         try:
