@@ -289,3 +289,19 @@ def test_ingest_streams_records_and_refuses_too_many_before_reading_them(tmp_pat
                                        r"\(OPBAND_MAX_MANIFEST_BYTES\)"):
         inspect_bundle(many, out, IngestLimits(max_manifest_bytes=4000))
     assert header_bytes < 4000 < header_bytes + record_bytes
+
+
+@pytest.mark.sweep
+def test_a_comparison_and_ingest_past_the_full_result_limit_stay_under_a_gigabyte(tmp_path: Path) -> None:
+    """120k records (past ``KEEP_ALL_RESULTS``: lazy records, streamed judging), each step in a child."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from compare_records import ROOT, measure
+
+    n = 120_000
+    res = measure(n, 64, ROOT, str(tmp_path))
+    compared, ingested = res["compare"], res["ingest"]
+    assert not isinstance(compared, str) and not isinstance(ingested, str), res
+    assert compared["verdict"] == "pass" and compared["ops"] == n and ingested["records"] == n
+    assert compared["rss_peak"] - compared["rss_before"] < 1e9 and ingested["rss_peak"] - ingested["rss_before"] < 1e9
