@@ -103,6 +103,7 @@ class TensorTable(Mapping[str, TensorInfo]):
                                                ("name_at", "q"), ("hash", "q"))}
         self._shapes: dict[tuple[int, ...], int] = {}
         self._hidden = -1
+        self._recent: dict[str, TensorInfo] = {}  # the last few looked up (a comparison asks for each twice)
 
     def add(self, name: str, dtype: str, shape: tuple[int, ...], begin: int, end: int) -> None:
         c = self._cols
@@ -136,7 +137,7 @@ class TensorTable(Mapping[str, TensorInfo]):
     def slot(self, name: str) -> int | None:
         """The slot of ``name`` (its position in the header), or None."""
         h = hash(name)
-        lo = int(np.searchsorted(self._hash_keys, h, "left"))
+        lo = int(self._hash_keys.searchsorted(h))
         while lo < len(self._hash_keys) and self._hash_keys[lo] == h:
             slot = int(self._hash_slots[lo])
             if slot != self._hidden and self.name(slot) == name:
@@ -154,6 +155,7 @@ class TensorTable(Mapping[str, TensorInfo]):
         if slot is None:
             return None
         self._hidden = slot
+        self._recent.pop(name, None)
         return self.info(slot)
 
     def duplicate_name(self) -> str | None:
@@ -168,13 +170,19 @@ class TensorTable(Mapping[str, TensorInfo]):
         return None
 
     def __getitem__(self, name: str) -> TensorInfo:
-        slot = self.slot(name)
-        if slot is None:
-            raise KeyError(name)
-        return self.info(slot)
+        info = self._recent.get(name)
+        if info is None:
+            slot = self.slot(name)
+            if slot is None:
+                raise KeyError(name)
+            info = self.info(slot)
+            if len(self._recent) >= 64:
+                self._recent.clear()
+            self._recent[name] = info
+        return info
 
     def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and self.slot(name) is not None
+        return isinstance(name, str) and (name in self._recent or self.slot(name) is not None)
 
     def __iter__(self) -> Iterator[str]:
         for slot in self.order:
