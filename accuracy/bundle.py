@@ -99,7 +99,7 @@ class TensorTable(Mapping[str, TensorInfo]):
 
     def __init__(self) -> None:
         self._names = bytearray()
-        self._cols = {k: array(t) for k, t in (("begin", "q"), ("end", "q"), ("dtype", "b"), ("shape", "l"),
+        self._cols = {k: array(t) for k, t in (("begin", "q"), ("end", "q"), ("dtype", "b"), ("shape", "i"),
                                                ("name_at", "q"), ("hash", "q"))}
         self._shapes: dict[tuple[int, ...], int] = {}
         self._hidden = -1

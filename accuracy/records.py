@@ -9,13 +9,13 @@ where its JSON line starts, so that any record can be read back from the file wh
 
 from __future__ import annotations
 
-import math
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 from typing import overload
 
 import numpy as np
 
+from accuracy.errors import BundleError
 from accuracy.manifest import Record, RecordKind
 
 KINDS: tuple[RecordKind, ...] = ("module", "aten", "api", "grad")
@@ -42,11 +42,13 @@ class RecordIndex:
     def __init__(self) -> None:
         self._modules, self._ops, self._shapes = _Interner(), _Interner(), _Interner()
         self._cols = {name: array(code) for name, code in (
-            ("index", "q"), ("output", "l"), ("kind", "b"), ("module", "l"), ("op", "l"), ("shape", "l"),
+            ("index", "q"), ("output", "i"), ("kind", "b"), ("module", "i"), ("op", "i"), ("shape", "i"),
             ("id_hash", "q"), ("tensor_hash", "q"), ("has_inputs", "b"))}
         self.count = 0
 
     def add(self, r: Record) -> None:
+        if not (-(1 << 63) <= r.index < 1 << 63 and -(1 << 31) <= r.output < 1 << 31):
+            raise BundleError(f"record {r.id[:200]!r}: index {r.index} or output {r.output} is out of range")
         c = self._cols
         c["index"].append(r.index)
         c["output"].append(r.output)
@@ -69,7 +71,6 @@ class RecordIndex:
         self.modules: list[str] = self._modules.values
         self.ops: list[str] = self._ops.values
         self.shapes: list[tuple[int, ...]] = self._shapes.values
-        self.numels = np.array([math.prod(s) for s in self.shapes], dtype=np.int64)
         self._by_hash: tuple[np.ndarray, np.ndarray] | None = None
         return self
 

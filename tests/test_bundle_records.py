@@ -122,6 +122,8 @@ def test_a_large_bundle_reads_records_from_the_file(tmp_path: Path, lazy: None) 
     (_lines([[1, 2]]), None, "record 0 must be a JSON object"),
     (b"\xff\xfe\n", None, "not valid UTF-8"),
     (_lines([GOOD]), 10**12, "says 1000000000000 records but the records tensor holds"),
+    (_lines([{**GOOD, "output": 2**40}]), None, "is out of range"),
+    (_lines([{**GOOD, "index": 2**70}]), None, "is out of range"),
 ])
 def test_hostile_record_lines_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, eager: bool, lines: bytes,
                                           count: int | None, words: str) -> None:
