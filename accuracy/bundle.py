@@ -120,19 +120,17 @@ class TensorTable(Mapping[str, TensorInfo]):
         cols = {k: np.frombuffer(v, dtype=v.typecode).copy() if len(v) else np.zeros(0, v.typecode)
                 for k, v in self._cols.items()}
         self._cols = {}
-        self._name_end = np.append(cols["name_at"][1:], len(self._names)).astype(np.int64)
-        self._name_at = cols["name_at"]
-        order = np.lexsort((cols["end"], cols["begin"]))  # data order, as the buffer is checked
-        self.order = order
+        self._name_at = np.append(cols["name_at"], len(self._names))  # name i: bytes [at[i], at[i + 1])
+        self.order = np.lexsort((cols["end"], cols["begin"])).astype(np.int32)  # data order, as the buffer is checked
         self.begin, self.end, self.dtype, self.shape = cols["begin"], cols["end"], cols["dtype"], cols["shape"]
         self.shapes = [s for s, _ in sorted(self._shapes.items(), key=lambda kv: kv[1])]
         self._shapes = {}
         by_hash = np.argsort(cols["hash"], kind="stable")
-        self._hash_keys, self._hash_slots = cols["hash"][by_hash], by_hash
+        self._hash_keys, self._hash_slots = cols["hash"][by_hash], by_hash.astype(np.int32)
         return self
 
     def name(self, slot: int) -> str:
-        return bytes(self._names[self._name_at[slot] : self._name_end[slot]]).decode("utf-8", "surrogatepass")
+        return bytes(self._names[self._name_at[slot] : self._name_at[slot + 1]]).decode("utf-8", "surrogatepass")
 
     def slot(self, name: str) -> int | None:
         """The slot of ``name`` (its position in the header), or None."""

@@ -289,7 +289,7 @@ def judge_streamed(plan: ComparisonPlan, progress: Callable[[int, int], None] | 
     total = len(plan.pairs)
     for start in range(0, total, JUDGE_BATCH):
         tally.add(judge_range(plan, start, min(total, start + JUDGE_BATCH)))
-        if start // JUDGE_BATCH % 16 == 15:  # every ~64k pairs: the bundles' pages read so far leave the resident set
+        if start // JUDGE_BATCH % 4 == 3:  # every ~16k pairs: the bundles' pages read so far leave the resident set
             for b in (plan.ref, plan.tgt, plan.gold):
                 if b is not None:
                     b.release_pages()
