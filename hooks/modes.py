@@ -3,6 +3,7 @@ TorchDispatchMode (``aten``). Each hands what it sees to the :class:`~hooks.reco
 
 from __future__ import annotations
 
+from types import CodeType
 from typing import Any
 
 import torch
@@ -21,6 +22,8 @@ _NO_NUMBER_API = frozenset(op.removeprefix("aten.") for op in NO_NUMBER_OPS) | {
 }
 
 
+_NO_KWARGS: dict[str, Any] = {}  # never written to: an ATen call's kwargs are only read
+
 #: torch.distributed's op namespaces: treated as writes (see AtenMode._mutable)
 COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional"})
 
@@ -37,43 +40,78 @@ def in_backward() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
+def _untraced(code: CodeType) -> bool:
+    """Have TorchDynamo skip ``code`` and every frame it calls, as ``torch._disable_dynamo`` (which
+    ``TorchDispatchMode`` wraps each ``__torch_dispatch__`` in) does with two more Python frames and
+    three ``set_eval_frame`` calls per call, ~2 us per dispatch. Without it, a ``torch.compile``'d
+    function called inside a capture would compile the handler itself. False where this torch has
+    no such switch (then the wrapper stays)."""
+    try:
+        from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
+
+        set_code_exec_strategy(code, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
+    except (ImportError, AttributeError, TypeError, RuntimeError):
+        return False
+    return True
+
+
 class AtenMode(TorchDispatchMode):
     """Records every ATen op that moves numbers, tagged with the innermost module path."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """Asked once, when the class is made: wrap ``__torch_dispatch__`` only if it cannot be marked."""
+        return not _untraced(cls.__dict__["__torch_dispatch__"].__code__)
 
     def __init__(self, recorder: Recorder) -> None:
         super().__init__()
         self.recorder = recorder
         self._names: dict[Any, tuple[str, bool]] = {}
         self._mutates: dict[Any, bool] = {}
-        self._info: dict[Any, tuple[str, bool, bool]] = {}
+        # per op overload, learnt at its first call, keyed by id (OpOverload hashes in Python):
+        # (name, skip, mutates, the callable to run, whether outputs land asynchronously, the overload)
+        self._info: dict[int, tuple[str, bool, bool, Any, bool, Any]] = {}
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
+        if kwargs is None:
+            kwargs = _NO_KWARGS
         rec = self.recorder
-        try:
-            plan = self._plan(func, args, kwargs)
-        except Exception as e:  # noqa: BLE001 - capture must never break the user's run
-            rec.diagnose(None, e)
-            plan = None
-        out = func(*args, **kwargs)
-        if plan is not None:
-            rec.record("aten", *plan[:4], landed(out) if func.namespace == "c10d" else out, *plan[4:])
-        return out
-
-    def _plan(self, func: Any, args: tuple, kwargs: dict) -> tuple[Any, ...] | None:
-        """What to record for this call (module, op, key, ordinal, inputs …), or None to let it pass."""
-        rec = self.recorder
-        info = self._info.get(func)
-        if info is None:  # per op overload, once: (name, skip, mutates)
-            info = self._info[func] = (*(self._names.get(func) or self._classify(func)), self._mutable(func))
-        name, skip, mutates = info
+        info = self._info.get(id(func))
+        if info is None:
+            try:
+                info = self._learn(func)
+            except Exception as e:  # noqa: BLE001 - capture must never break the user's run
+                rec.diagnose(None, e)
+                return func(*args, **kwargs)
+        name, skip, mutates, call = info[:4]
         if mutates:
             rec.stats.epoch += 1  # earlier statistics no longer describe memory this op writes
         if rec.busy or not rec.active:
-            return None
-        if skip:
+            return call(*args, **kwargs)
+        if skip:  # views, metadata, allocation: counted, nothing else (most calls end here)
             rec.skipped[name] += 1
-            return None
+            return call(*args, **kwargs)
+        try:
+            plan = self._plan(func, name, mutates, args, kwargs)
+        except Exception as e:  # noqa: BLE001 - capture must never break the user's run
+            rec.diagnose(None, e)
+            plan = None
+        out = call(*args, **kwargs)
+        if plan is not None:
+            rec.record("aten", *plan[:4], landed(out) if info[4] else out, *plan[4:])
+        return out
+
+    def _learn(self, func: Any) -> tuple[str, bool, bool, Any, bool, Any]:
+        """What every call of this op overload shares: its name, whether it is skipped, whether it
+        writes in place; and ``func._op``, the C++ callable ``OpOverload.__call__`` forwards to."""
+        name, skip = self._names.get(func) or self._classify(func)
+        call = func._op if type(func) is torch._ops.OpOverload else func
+        info = self._info[id(func)] = (name, skip, self._mutable(func), call, func.namespace == "c10d", func)
+        return info
+
+    def _plan(self, func: Any, name: str, mutates: bool, args: tuple, kwargs: dict) -> tuple[Any, ...] | None:
+        """What to record for this call (module, op, key, ordinal, inputs …), or None to let it pass."""
+        rec = self.recorder
         if torch._C._current_graph_task_id() != -1:  # in_backward(), inlined: this runs for every op
             rec.skipped[f"(backward) {name}"] += 1
             return None

@@ -25,6 +25,7 @@ from accuracy.manifest import Diagnostic, Fingerprints, Manifest, Record, Record
 from hooks import devices
 from hooks.opcall import layout_of
 from hooks.tensors import (
+    DTYPE_NAMES,
     StatsBatch,
     StorageMap,
     fast_leaves,
@@ -47,6 +48,15 @@ def _shape(a: Any) -> list[int] | None:
         return list(a.shape)
     except RuntimeError:
         return None
+
+
+def _signature(in_tensors: Sequence[Any]) -> tuple[list[list[int] | None], list[str | None]]:
+    """The input shapes and dtype names of a call (None for what is not a tensor or has no shape)."""
+    try:  # the common case, every input a plain tensor: one pass without a call per input
+        return [list(a.shape) for a in in_tensors], [DTYPE_NAMES[a.dtype] for a in in_tensors]
+    except (AttributeError, KeyError, RuntimeError, TypeError):
+        return ([_shape(a) for a in in_tensors],
+                [tensor_dtype_name(a) if isinstance(a, torch.Tensor) else None for a in in_tensors])
 
 
 class Recorder:
@@ -74,6 +84,7 @@ class Recorder:
         # seen); off with ``inputs``, whose names must keep each input's own shape for replay.
         self.by_storage = StorageMap()  # (*storage_key, tag) -> (epoch, tensor name, statistics slot)
         self._share_views = opts.level == "aten" and not opts.inputs
+        self._full = opts.mode == "full"
         self.step = 0
         self.active = opts.steps is None or 0 in opts.steps
         self.closed = False
@@ -139,9 +150,8 @@ class Recorder:
         matched against copies or statistics taken earlier.
         """
         try:
-            shapes = [_shape(a) for a in in_tensors]
-            dtypes = [tensor_dtype_name(a) if isinstance(a, torch.Tensor) else None for a in in_tensors]
-            tensors = [outputs] if isinstance(outputs, torch.Tensor) else fast_leaves(outputs)
+            shapes, dtypes = _signature(in_tensors)
+            tensors = [outputs] if type(outputs) is torch.Tensor else fast_leaves(outputs)
         except Exception as e:  # noqa: BLE001
             self.diagnose(key, e)
             return
@@ -150,7 +160,8 @@ class Recorder:
                 self._record_one(kind, module, op, ordinal, key, out_i, t, shapes, dtypes, input_names, mutated)
             except Exception as e:  # noqa: BLE001 - one odd output must not lose the others
                 self.diagnose(key if out_i == 0 else f"{key}:{out_i}", e)
-        self._progress()
+        if self.show_progress:
+            self._progress()
 
     def _record_one(self, kind: str, module: str, op: str, ordinal: int, key: str, out_i: int, t: torch.Tensor,
                     shapes: list[Any], dtypes: list[Any], input_names: list[str | None] | None,
@@ -163,8 +174,8 @@ class Recorder:
         payload = stored_payload(t)
         slot = self.stats.add(payload.values, None if mutated else t)
         name = (self._store(rec_id, t, payload, reuse=not mutated, share=self._share_views and not mutated, slot=slot)
-                if self.opts.mode == "full" else None)
-        strides, memory_format = layout_of(t)
+                if self._full else None)
+        strides, memory_format = (None, None) if t.is_contiguous() else layout_of(t)
         self.records.append({  # a Record's fields; validated once, in finish()
             "key": key, "output": out_i, "module": module, "op": op, "ordinal": ordinal, "kind": kind,
             "index": len(self.records), "input_shapes": shapes, "input_dtypes": dtypes, "shape": payload.shape,
