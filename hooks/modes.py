@@ -14,7 +14,7 @@ from torch.utils._pytree import tree_leaves
 from hooks.distributed import landed
 from hooks.opcall import NotReplayable, draws_random_numbers, encode_call, layouts_of, op_target
 from hooks.recorder import Recorder
-from hooks.tensors import NO_NUMBER_OPS
+from hooks.tensors import NO_NUMBER_OPS, fast_leaves
 
 _NO_NUMBER_API = frozenset(op.removeprefix("aten.") for op in NO_NUMBER_OPS) | {
     "__getitem__", "__get__", "size", "dim", "numel", "stride", "data_ptr", "storage_offset", "is_contiguous",
@@ -23,6 +23,12 @@ _NO_NUMBER_API = frozenset(op.removeprefix("aten.") for op in NO_NUMBER_OPS) | {
 
 
 _NO_KWARGS: dict[str, Any] = {}  # never written to: an ATen call's kwargs are only read
+
+#: what every call of one op overload shares, learnt at its first call, for every capture of the
+#: process; by ``skip_no_number_ops``, then by ``id(overload)`` (``OpOverload`` hashes in Python;
+#: the entry holds the overload, so its id is never reused): (name, skip, mutates, the callable to
+#: run, whether outputs land asynchronously (c10d), the overload)
+_OP_FACTS: dict[bool, dict[int, tuple[str, bool, bool, Any, bool, Any]]] = {True: {}, False: {}}
 
 #: torch.distributed's op namespaces: treated as writes (see AtenMode._mutable)
 COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional"})
@@ -66,11 +72,7 @@ class AtenMode(TorchDispatchMode):
     def __init__(self, recorder: Recorder) -> None:
         super().__init__()
         self.recorder = recorder
-        self._names: dict[Any, tuple[str, bool]] = {}
-        self._mutates: dict[Any, bool] = {}
-        # per op overload, learnt at its first call, keyed by id (OpOverload hashes in Python):
-        # (name, skip, mutates, the callable to run, whether outputs land asynchronously, the overload)
-        self._info: dict[int, tuple[str, bool, bool, Any, bool, Any]] = {}
+        self._info = _OP_FACTS[recorder.opts.skip_no_number_ops]
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         if kwargs is None:
@@ -104,7 +106,7 @@ class AtenMode(TorchDispatchMode):
     def _learn(self, func: Any) -> tuple[str, bool, bool, Any, bool, Any]:
         """What every call of this op overload shares: its name, whether it is skipped, whether it
         writes in place; and ``func._op``, the C++ callable ``OpOverload.__call__`` forwards to."""
-        name, skip = self._names.get(func) or self._classify(func)
+        name, skip = self._classify(func)
         call = func._op if type(func) is torch._ops.OpOverload else func
         info = self._info[id(func)] = (name, skip, self._mutable(func), call, func.namespace == "c10d", func)
         return info
@@ -129,17 +131,13 @@ class AtenMode(TorchDispatchMode):
         """Whether the op may write into existing memory. Collectives count too: c10d's in-place ones
         (``allreduce_``, ``broadcast_`` …) declare no mutation in their schemas, and their results
         land asynchronously."""
-        m = self._mutates.get(func)
-        if m is None:
-            m = self._mutates[func] = bool(func._schema.is_mutable) or func.namespace in COLLECTIVE_NAMESPACES
-        return m
+        return bool(func._schema.is_mutable) or func.namespace in COLLECTIVE_NAMESPACES
 
     def _classify(self, func: Any) -> tuple[str, bool]:
         name = str(func.overloadpacket)
         skip = self.recorder.opts.skip_no_number_ops and (name in NO_NUMBER_OPS or bool(getattr(func, "is_view", False)))
         if func.namespace in COLLECTIVE_NAMESPACES and func.namespace != "c10d" and not name.endswith("wait_tensor"):
             skip = True  # functional collectives: the result is recorded at its wait_tensor, once it has landed
-        self._names[func] = (name, skip)
         return name, skip
 
     def _inputs(self, func: Any, key: str, args: tuple, kwargs: dict) -> list[str | None] | None:
@@ -272,9 +270,8 @@ class ModuleHooks:
             with _quiet():
                 key, ordinal = rec.next_key(name, "forward")
                 rec.ops_seen += 1
-                if rec.wants(name, "forward"):
-                    in_tensors = [a for a in tree_leaves(args) if isinstance(a, torch.Tensor)]
-                    rec.record("module", name, "forward", key, ordinal, output, in_tensors)
+                if not (rec._module_globs or rec._op_globs) or rec.wants(name, "forward"):
+                    rec.record("module", name, "forward", key, ordinal, output, fast_leaves(args))
                 if rec.opts.backward and torch.is_grad_enabled():
                     self._watch_grads(name, output)
         except Exception as e:  # noqa: BLE001

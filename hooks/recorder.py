@@ -306,13 +306,13 @@ def _built_records(records: list[dict[str, Any]]) -> list[Record] | list[dict[st
     stats: dict[int, Stats] = {}  # records that share a statistics row share its model
     out = []
     for r in records:
-        if len(r["key"]) > 4096 or r["kind"] not in _KINDS or r.keys() != record_fields:
+        if len(r["key"]) > 4096 or r["kind"] not in _KINDS or len(r) != len(record_fields):
             return records
         s = r["stats"]
         if s is not None:
             model = stats.get(id(s))
             if model is None:
-                if s.keys() != stats_fields:
+                if len(s) != len(stats_fields):
                     return records
                 model = stats[id(s)] = _built(Stats, s, stats_fields)
             r["stats"] = model  # the dict becomes the record's own __dict__

@@ -64,11 +64,26 @@ def tensor_dtype_name(t: torch.Tensor) -> str:
 
 
 def fast_leaves(tree: Any) -> list[torch.Tensor]:
-    """The tensor leaves of ``tree`` in ``tree_leaves`` order; tuples and lists of tensors (ATen
-    outputs) without the generic pytree walk, which also handles every other registered node."""
-    if type(tree) in (tuple, list) and all(type(t) is torch.Tensor for t in tree):
-        return list(tree)
+    """The tensor leaves of ``tree`` in ``tree_leaves`` order. A tensor, or a tuple or list of
+    tensors and plain scalars (ATen outputs, most modules' arguments) without the generic pytree
+    walk, which also handles every other registered node."""
+    kind = type(tree)
+    if kind is torch.Tensor:
+        return [tree]
+    if kind is tuple or kind is list:
+        out = []
+        for t in tree:
+            if type(t) is torch.Tensor:
+                out.append(t)
+            elif type(t) not in _ATOMS:
+                break
+        else:
+            return out
     return [t for t in torch.utils._pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
+
+
+#: leaves that are never pytree nodes and never tensors
+_ATOMS = frozenset({int, float, bool, str, complex, type(None), torch.dtype, torch.device})
 
 
 def unsupported_reason(t: torch.Tensor) -> str | None:
