@@ -250,6 +250,8 @@ class StatsBatch:
         if not isinstance(row, list):
             return True
         n = values.numel()
+        if int(row[0]) != n:
+            return False
         idx = _cpu_sample_index(n)  # host rows are CPU tensors
         name = _KERNEL_DTYPES.get(values.dtype)
         if name is not None and values.is_contiguous():  # by address, without torch ops (~1.5 us, not ~15)
@@ -258,8 +260,8 @@ class StatsBatch:
             live = out.tolist()
         else:
             live = values.reshape(-1).index_select(0, idx).to(torch.float64).tolist()
-        stored = row[len(STAT_FIELDS):][: len(live)]
-        return int(row[0]) == n and all(a == b or (a != a and b != b) for a, b in zip(live, stored, strict=True))
+        stored = row[len(STAT_FIELDS): len(STAT_FIELDS) + len(live)]
+        return live == stored or all(a == b or (a != a and b != b) for a, b in zip(live, stored, strict=True))
 
     @staticmethod
     def _version_key(t: torch.Tensor) -> tuple[Any, torch.Tensor, tuple[Any, ...]] | None:
@@ -347,8 +349,8 @@ def host_stats(values: torch.Tensor) -> list[float]:
             x = x.contiguous()
         else:  # a permuted dense tensor: its memory in storage order (from the data pointer), in one pass
             idx = where
-    out = np.empty(_ROW_LEN)
     if n < fused.PARALLEL_MIN or torch.get_num_threads() == 1:  # the values where they lie, by address
+        out = np.empty(_ROW_LEN)
         fused.ROW_AT[name](x.data_ptr(), n, idx.data_ptr(), idx.numel(), fused.CANCEL[name], out)
     else:
         flat = x.detach().as_strided((n,), (1,))
