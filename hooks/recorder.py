@@ -269,7 +269,8 @@ class Recorder:
         except pydantic.ValidationError as e:  # keep the capture: store what was recorded, say what is odd
             self.diagnose(None, f"manifest validation: {str(e)[:2000]}")
             manifest = Manifest(**{**fields, "diagnostics": self.diagnostics}, records=[
-                Record.model_construct(**{**r, "stats": Stats.model_construct(**r["stats"]) if r["stats"] else None})
+                Record.model_construct(**{**r, "stats": Stats.model_construct(**r["stats"])
+                                          if isinstance(r["stats"], dict) else r["stats"]})
                 for r in records])
         self.records = manifest.records
         path = self.writer.close(manifest)
@@ -300,20 +301,21 @@ def _built(cls: type[Any], fields: dict[str, Any], fields_set: set[str]) -> Any:
 def _built_records(records: list[dict[str, Any]]) -> list[Record] | list[dict[str, Any]]:
     """Records (and their statistics) built from :meth:`Recorder._record_one`'s dicts without
     validation, which would find nothing to change: every value has its field's type already.
-    The one check a field makes (keys of at most 4096 characters) and the record kind are made
-    here; when a record fails them, the dicts are returned as they are, for validation to say why."""
+    The one check a field makes (keys of at most 4096 characters), the record kind and the number
+    of fields are checked first; when a record fails them, the dicts are returned untouched, for
+    validation to say why."""
     record_fields, stats_fields = set(Record.model_fields), set(Stats.model_fields)
+    n_record, n_stats = len(record_fields), len(stats_fields)
+    if not all(len(r["key"]) <= 4096 and r["kind"] in _KINDS and len(r) == n_record
+               and (r["stats"] is None or len(r["stats"]) == n_stats) for r in records):
+        return records
     stats: dict[int, Stats] = {}  # records that share a statistics row share its model
     out = []
     for r in records:
-        if len(r["key"]) > 4096 or r["kind"] not in _KINDS or len(r) != len(record_fields):
-            return records
         s = r["stats"]
         if s is not None:
             model = stats.get(id(s))
             if model is None:
-                if len(s) != len(stats_fields):
-                    return records
                 model = stats[id(s)] = _built(Stats, s, stats_fields)
             r["stats"] = model  # the dict becomes the record's own __dict__
         out.append(_built(Record, r, record_fields))

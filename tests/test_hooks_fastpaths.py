@@ -49,6 +49,20 @@ def test_a_record_of_the_user_is_validated(tmp_path: Path) -> None:
     assert any("manifest validation" in d.message and "kind" in d.message for d in rec.diagnostics)
 
 
+def test_a_key_too_long_is_said_and_the_capture_ends(tmp_path: Path) -> None:
+    """Keys over 4096 characters fail validation as before: a diagnostic, and no error at exit."""
+    model = torch.nn.Sequential()
+    model.add_module("m" * 5000, torch.nn.Linear(4, 4))
+    model.add_module("short", torch.nn.ReLU())
+    with torch.no_grad(), capture(model, tmp_path / "l.bundle", level="aten", mode="summary",
+                                  progress=False) as cap:
+        model(torch.ones(2, 4))
+    rec = cap._recorder
+    assert rec is not None and cap.bundle_path is not None
+    assert any("manifest validation" in d.message and "4096" in d.message for d in rec.diagnostics)
+    assert len(list(cap.records)) > 3
+
+
 def test_fast_leaves_are_tree_leaves() -> None:
     t, u = torch.ones(2), torch.zeros(3)
     p = torch.nn.Parameter(torch.ones(1))
