@@ -12,11 +12,12 @@ numba compiles them with the LLVM inside the ``llvmlite`` wheel (no C compiler a
 first use and caches the machine code on disk (``NUMBA_CACHE_DIR``; default ``__pycache__`` next to
 this file, else numba's per-user cache). Arrays are read in their stored form: ``float32``,
 ``float64``, bfloat16 as its ``uint16`` words and float16 as its ``int16`` words (numba has no
-float16 arithmetic), decoded to float64 in registers; every element is worked in float64.
+float16 arithmetic), decoded in registers; 16/32-bit values are worked in float32 within a block,
+float64 across blocks (see each kernel).
 
 Each kernel walks blocks of :data:`BLOCK` elements with a branch-free loop the compiler
-vectorizes; a block with a NaN or Inf (seen as a NaN in ``sum(x * 0)``) is redone by a masked
-loop, so the finite path pays nothing for them. Arrays over :data:`PARALLEL_MIN` elements are split
+vectorizes; a block with a NaN or Inf (seen as a NaN in its sum times zero) is redone by a masked
+(still branch-free) float64 loop, so the finite path pays nothing for them. Arrays over :data:`PARALLEL_MIN` elements are split
 over threads (the kernels release the GIL); partial results are combined in a fixed order, so a
 result depends on the thread count only through the rounding of its sums.
 """
