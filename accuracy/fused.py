@@ -12,11 +12,12 @@ numba compiles them with the LLVM inside the ``llvmlite`` wheel (no C compiler a
 first use and caches the machine code on disk (``NUMBA_CACHE_DIR``; default ``__pycache__`` next to
 this file, else numba's per-user cache). Arrays are read in their stored form: ``float32``,
 ``float64``, bfloat16 as its ``uint16`` words and float16 as its ``int16`` words (numba has no
-float16 arithmetic), decoded to float64 in registers; every element is worked in float64.
+float16 arithmetic), decoded in registers; 16/32-bit values are worked in float32 within a block,
+float64 across blocks (see each kernel).
 
 Each kernel walks blocks of :data:`BLOCK` elements with a branch-free loop the compiler
-vectorizes; a block with a NaN or Inf (seen as a NaN in ``sum(x * 0)``) is redone by a masked
-loop, so the finite path pays nothing for them. Arrays over :data:`PARALLEL_MIN` elements are split
+vectorizes; a block with a NaN or Inf (seen as a NaN in its sum times zero) is redone by a masked
+(still branch-free) float64 loop, so the finite path pays nothing for them. Arrays over :data:`PARALLEL_MIN` elements are split
 over threads (the kernels release the GIL); partial results are combined in a fixed order, so a
 result depends on the thread count only through the rounding of its sums.
 """
@@ -220,9 +221,44 @@ def _like_impl(v, x):  # type: ignore[no-untyped-def]
 
 # -- statistics -------------------------------------------------------------------------------------
 @numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, error_model="numpy")
+def _sums64(xb: Any) -> Any:  # pragma: no cover - compiled
+    """Sum and sum of squares of a block of finite values, in float64."""
+    ds = dq = 0.0
+    for i in range(xb.shape[0]):
+        v = _load(xb, i)
+        ds += v
+        dq += v * v
+    return ds, dq
+
+
+@numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, error_model="numpy")
+def _masked64(xb: Any) -> Any:  # pragma: no cover - compiled
+    """(sum, sumsq, min, max, nan, finite, zeros) of a block over its finite values, in float64,
+    branch-free (selects; float counts vectorize)."""
+    ds = dq = mn = mf = mz = 0.0
+    ml, mh = _ordered(np.inf), _ordered(-np.inf)
+    for i in range(xb.shape[0]):
+        v = _load(xb, i)
+        fin = v - v == 0.0
+        w = v if fin else 0.0
+        ds += w
+        dq += w * w
+        o = _ordered(v)
+        ml = min(ml, o if fin else _ordered(np.inf))
+        mh = max(mh, o if fin else _ordered(-np.inf))
+        mn += 1.0 if v != v else 0.0
+        mf += 1.0 if fin else 0.0
+        mz += 1.0 if v == 0.0 else 0.0
+    return ds, dq, _from_ordered(ml), _from_ordered(mh), int(mn), int(mf), int(mz)
+
+
+@numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, error_model="numpy")
 def _stats_kernel(x: Any, out: Any) -> None:  # pragma: no cover - compiled
     """Block sums in the work type (float32 for 16/32-bit arrays, at most BLOCK elements), float64
-    across blocks; a block with NaN/Inf, or whose float32 squares overflow, is redone in float64."""
+    across blocks; min/max as ordered integers and the zero count as a float (both vectorize). A
+    finite block whose float32 squares overflow (``finfo.min`` attention masks)
+    redoes its two sums in float64; a block with NaN/Inf is redone masked, in float64. Both redo
+    loops are branch-free (selects), so they vectorize too."""
     n = x.shape[0]
     s, q = 0.0, 0.0
     lo, hi = np.inf, -np.inf
@@ -231,10 +267,9 @@ def _stats_kernel(x: Any, out: Any) -> None:  # pragma: no cover - compiled
         e = min(b + BLOCK, n)
         xb = x[b:e]  # indices from 0: no negative-index wrap, so contiguous vector loads
         v0 = _pair(xb, xb, 0)[0]
-        zero = _like(v0, 0.0)
-        bs = bq = chk = zero
+        zero, one = _like(v0, 0.0), _like(v0, 1.0)
+        bs = bq = bz = zero  # bz: the zero count in the work type (exact up to BLOCK), an integer one does not vectorize
         bl = bh = _ordered(v0)
-        bz = 0
         for i in range(e - b):
             v = _pair(xb, xb, i)[0]
             bs += v
@@ -242,29 +277,30 @@ def _stats_kernel(x: Any, out: Any) -> None:  # pragma: no cover - compiled
             o = _ordered(v)
             bl = min(bl, o)
             bh = max(bh, o)
-            bz += v == zero
-            chk += v * zero
-        if chk == 0 and bq < np.inf:
-            s += np.float64(bs)
-            q += np.float64(bq)
+            bz += one if v == zero else zero
+        if bs * zero == 0:  # NaN when the block holds NaN or Inf (or its float32 sum overflowed)
+            if bq < np.inf:
+                s += np.float64(bs)
+                q += np.float64(bq)
+            else:  # every value finite, but the float32 squares overflowed: the sums in float64
+                ds, dq = _sums64(xb)
+                s += ds
+                q += dq
             lo = min(lo, np.float64(_from_ordered(bl)))
             hi = max(hi, np.float64(_from_ordered(bh)))
-            zeros += bz
+            zeros += int(bz)
             count += e - b
             continue
-        for i in range(b, e):  # NaN/Inf in this block: float64, over the finite values
-            v = _load(x, i)
-            if v != v:
-                nan += 1
-            elif v == np.inf or v == -np.inf:
-                inf += 1
-            else:
-                s += v
-                q += v * v
-                lo = min(lo, v)
-                hi = max(hi, v)
-                zeros += v == 0.0
-                count += 1
+        ds, dq, ml, mh, mn, mf, mz = _masked64(xb)  # NaN/Inf in this block: float64, over the finite values
+        s += ds
+        q += dq
+        if mf > 0:
+            lo = min(lo, ml)
+            hi = max(hi, mh)
+        nan += mn
+        inf += (e - b) - mf - mn
+        zeros += mz
+        count += mf
     out[0], out[1], out[2], out[3] = lo, hi, s, q
     out[4], out[5], out[6], out[7] = nan, inf, zeros, count
 

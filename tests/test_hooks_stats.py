@@ -69,6 +69,16 @@ def _cases() -> Iterator[tuple[str, torch.Tensor]]:
     causal = torch.ones(128, 128, dtype=torch.bool).triu(1)
     yield "masked-scores", torch.randn(8, 128, 128, generator=g).masked_fill(causal, float("-inf"))
     yield "nan-double", torch.tensor([float("nan"), 1.0, -1.0], dtype=torch.float64)
+    # transformers' causal mask: finfo.min added to the scores, finite, so float32 squares overflow in most blocks
+    scores = torch.randn(4, 128, 128, generator=g)
+    yield "finfo-min-mask", scores.masked_fill(causal, torch.finfo(torch.float32).min)
+    yield "finfo-min-mask-f16", scores.half().masked_fill(causal, torch.finfo(torch.float16).min)
+    yield "masked-scores-bf16", scores.bfloat16().masked_fill(causal, float("-inf"))
+    yield "masked-scores-f16", scores.half().masked_fill(causal, float("-inf"))
+    yield "masked-scores-double", scores.double().masked_fill(causal, float("-inf"))
+    yield "softmax-masked", torch.softmax(scores.masked_fill(causal, float("-inf")), -1)  # half its values exact zeros
+    yield "zero-heavy", torch.relu(torch.randn(20_000, generator=g) - 1.5)  # ~93% zeros, some blocks all zero
+    yield "zero-heavy-bf16", torch.relu(torch.randn(20_000, generator=g) - 1.5).bfloat16()
     yield "huge", torch.tensor([3e38, -3e38, 1.0])  # finite, but the sum of squares overflows float32
     yield "huge-nan", torch.tensor([3e38, 3e38, float("nan"), 1.0])  # overflow and a NaN in one block
     yield "late-inf", torch.cat([torch.randn(5000, generator=g), torch.tensor([float("inf")])])  # in the last block
@@ -171,6 +181,32 @@ def test_kernel_handles_empty_tensors_and_many_samples() -> None:
     assert row[len(fused.ROW_FIELDS):].tolist() == x[:200].tolist() and row[0] == 1000 and row[2] == 999
     row = _row_dict(host_stats(torch.empty(0)))
     assert row["numel"] == 0 and row["nan"] == 0 and row["sample"] == []
+
+
+def _block_mix(dtype: type, rng: np.random.Generator) -> np.ndarray:
+    """Blocks of every kind the kernel tells apart, shuffled: plain, all-zero, float32-overflowing
+    squares, -inf-masked, NaN, and both in one block."""
+    big = float(np.finfo(dtype).max) / 2 if dtype != np.float64 else 3e38
+    kinds = [rng.standard_normal(fused.BLOCK), np.zeros(fused.BLOCK), np.full(fused.BLOCK, -big),
+             np.where(rng.random(fused.BLOCK) < 0.5, -np.inf, rng.standard_normal(fused.BLOCK)),
+             np.where(rng.random(fused.BLOCK) < 0.01, np.nan, rng.standard_normal(fused.BLOCK)),
+             np.r_[big, np.inf, np.nan, np.zeros(fused.BLOCK - 3)]]
+    blocks = [kinds[i] for i in rng.integers(0, len(kinds), 60)]
+    return np.concatenate([*blocks, rng.standard_normal(100)]).astype(dtype)  # and a short last block
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_kernel_head_matches_numpy_float64_on_every_block_kind(dtype: type) -> None:
+    x = _block_mix(dtype, np.random.default_rng(1))
+    v = x.astype(np.float64)
+    fin = v[np.isfinite(v)]
+    want = [fin.min(), fin.max(), fin.sum(), (fin * fin).sum(), np.isnan(v).sum(), np.isinf(v).sum(),
+            (v == 0).sum(), fin.size]
+    got = fused.tensor_stats(fused.kernel_array(x)).tolist()
+    assert got[0:2] == want[0:2] and got[4:] == want[4:]
+    rtol = 1e-12 if dtype == np.float64 else 2e-6
+    for g, w, scale in ((got[2], want[2], np.abs(fin).sum()), (got[3], want[3], want[3])):
+        assert math.isclose(g, w, rel_tol=rtol, abs_tol=rtol * scale), (g, w)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
