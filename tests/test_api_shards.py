@@ -207,7 +207,7 @@ def stored(db: Database, job_id: str) -> dict[str, Any]:
 def test_sharded_result_equals_unsharded(service: Service) -> None:
     ops = _ops(40)
     tgt_ops = ops[:30] + ops[31:] + [SynthOp("model.extra")]  # one record missing, one new
-    whole = service.queue("whole", *pair(service, "whole", ops, tgt_ops))
+    whole = service.queue("whole", *pair(service, "whole", ops, tgt_ops), shards_asked=1)  # never split
     split = service.queue("split", *pair(service, "split", ops, tgt_ops), shards_asked=5)
     auto = service.queue("auto", *pair(service, "auto", ops, tgt_ops))
     service.worker("w1")
@@ -218,7 +218,7 @@ def test_sharded_result_equals_unsharded(service: Service) -> None:
     assert expected["verdict"] == "fail" and expected["first_divergence"] and expected["unmatched"] >= 2
     assert expected["regressions"] and len(expected["rows"]) >= 40
     assert stored(service.db, split) == expected
-    assert service.row(whole).shards is None and service.row(split).shards == 5
+    assert service.row(whole).shards_done is None and service.row(split).shards == 5
     rows = service.shard_rows(split)
     assert [(s.status, s.results, s.attempts) for s in rows] == [("done", None, 1)] * 5, "results dropped once merged"
     assert rows[0].start == 0 and all(a.stop == b.start for a, b in zip(rows, rows[1:], strict=False))
