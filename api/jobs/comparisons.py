@@ -166,13 +166,36 @@ def _run_in_child(db: Database, store: BlobStore, settings: Settings, job_id: st
     """:func:`_run_job` in a short-lived child process (forkserver, one job each): the memory a comparison
     takes is returned when it ends, and a child killed (out of memory, by a signal) does not take the
     API down; its lease then runs out and the job is retried, up to ``max_job_attempts``."""
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["api.jobs.comparisons"])
-    with ProcessPoolExecutor(1, mp_context=context, max_tasks_per_child=1) as pool:
+    with ProcessPoolExecutor(1, mp_context=_job_context(), max_tasks_per_child=1) as pool:
         try:
             return pool.submit(_child_job, settings, job_id, name).result()
         except BrokenProcessPool:
             raise RuntimeError("the comparison's process died (out of memory or killed)") from None
+
+
+#: what the forkserver imports once, before it forks a job's process
+JOB_PRELOAD = ["api.jobs.comparisons", "api.jobs.kernels"]
+
+
+def _job_context() -> Any:
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(JOB_PRELOAD)
+    return context
+
+
+def start_job_processes(settings: Settings, wait: bool = False) -> None:
+    """Start the forkserver of the job processes (imports, metric kernels) now, while the worker is idle,
+    rather than in its first job. ``wait``: until it has forked a first process (else in the background)."""
+    if not settings.job_in_child_process:
+        return
+    if wait:
+        with ProcessPoolExecutor(1, mp_context=_job_context(), max_tasks_per_child=1) as pool:
+            pool.submit(os.getpid).result()
+        return
+    from multiprocessing import forkserver
+
+    _job_context()
+    forkserver.ensure_running()
 
 
 def _child_job(settings: Settings, job_id: str, name: str) -> str:
@@ -508,6 +531,8 @@ class WorkerPool:
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
+        if self.settings.workers:
+            start_job_processes(self.settings)
         for i in range(self.settings.workers):
             t = threading.Thread(target=self._loop, name=f"opband-worker-{i}", daemon=True)
             t.start()
@@ -547,6 +572,7 @@ def run_worker_forever(db: Database, store: BlobStore, settings: Settings,
                        should_stop: Callable[[], bool] = lambda: False, poll_seconds: float = 1.0) -> None:
     """``opband worker``: one process claiming jobs from the shared database until stopped."""
     name = worker_name()
+    start_job_processes(settings, wait=True)
     log.info("worker started", extra={"worker": name})
     while not should_stop():
         try:

@@ -125,7 +125,7 @@ class ComparisonShard(Base):
     index: Mapped[int] = mapped_column(Integer)
     start: Mapped[int] = mapped_column(Integer)
     stop: Mapped[int] = mapped_column(Integer)
-    bytes: Mapped[int] = mapped_column(BigInteger)
+    tensor_bytes: Mapped[int] = mapped_column(BigInteger)  # of both sides: what the ranges balance
     status: Mapped[str] = mapped_column(String(20), default="pending")
     error: Mapped[str | None] = mapped_column(Text)
     attempts: Mapped[int] = mapped_column(Integer, default=0)

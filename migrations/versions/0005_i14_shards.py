@@ -28,7 +28,7 @@ def upgrade() -> None:
         sa.Column("index", sa.Integer(), nullable=False),
         sa.Column("start", sa.Integer(), nullable=False),
         sa.Column("stop", sa.Integer(), nullable=False),
-        sa.Column("bytes", sa.BigInteger(), nullable=False),
+        sa.Column("tensor_bytes", sa.BigInteger(), nullable=False),
         sa.Column("status", sa.String(length=20), nullable=False),
         sa.Column("error", sa.Text(), nullable=True),
         sa.Column("attempts", sa.Integer(), nullable=False),
