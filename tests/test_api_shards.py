@@ -249,9 +249,13 @@ def test_killed_shard_is_retried_and_the_result_is_whole(service: Service) -> No
             break
         time.sleep(0.02)
     assert held, "the victim never took a shard"
-    for pid in [victim.pid] + _descendants(victim.pid):  # the worker and its job process: a machine lost
-        os.kill(pid, signal.SIGKILL)
+    job_processes = _descendants(victim.pid)
+    os.kill(victim.pid, signal.SIGKILL)  # its job process notices and ends too: the shard is left to its lease
     victim.wait(10)
+    deadline = time.monotonic() + 30
+    while any(os.path.exists(f"/proc/{pid}") and "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1][:3]
+              for pid in job_processes) and time.monotonic() < deadline:
+        time.sleep(0.1)
     service.worker("rescuer")
     result = service.wait(job)[0]
     assert result.status == "done", result.error

@@ -168,7 +168,7 @@ def _run_in_child(db: Database, store: BlobStore, settings: Settings, job_id: st
     API down; its lease then runs out and the job is retried, up to ``max_job_attempts``."""
     with ProcessPoolExecutor(1, mp_context=_job_context(), max_tasks_per_child=1) as pool:
         try:
-            return pool.submit(_child_job, settings, job_id, name).result()
+            return pool.submit(_child_job, settings, job_id, name, os.getpid()).result()
         except BrokenProcessPool:
             raise RuntimeError("the comparison's process died (out of memory or killed)") from None
 
@@ -198,10 +198,38 @@ def start_job_processes(settings: Settings, wait: bool = False) -> None:
     forkserver.ensure_running()
 
 
-def _child_job(settings: Settings, job_id: str, name: str) -> str:
+def _exit_with_worker(worker_pid: int) -> None:
+    """End this job process when its worker dies: an orphan would keep renewing the job's lease and finish
+    it unseen, where the job should be retried by another worker once the lease runs out. (Its parent is
+    the forkserver, which lives on while any process forked from it does.)"""
+    def watch() -> None:
+        while _alive(worker_pid):
+            time.sleep(0.2)
+        os._exit(3)
+
+    threading.Thread(target=watch, name="worker-watch", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return True  # no /proc: the kill above said it exists
+
+
+def _child_job(settings: Settings, job_id: str, name: str, worker_pid: int) -> str:
     from api.observability import configure_logging
     from api.store.blobs import make_store
 
+    _exit_with_worker(worker_pid)
     configure_logging(settings)
     db = Database(settings)
     try:
