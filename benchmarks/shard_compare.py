@@ -106,8 +106,8 @@ class Bench:
                 os.sched_setaffinity(0, cpu)
 
             logs.append(self.root / f"worker-{uuid.uuid4().hex[:8]}.log")
-            procs.append(subprocess.Popen([sys.executable, "-m", "opband.cli", "worker", "--data-dir", str(self.data_dir)],
-                                          env=env, stdout=open(logs[-1], "wb"), stderr=subprocess.STDOUT,
+            cmd = [sys.executable, "-m", "opband.cli", "worker", "--data-dir", str(self.data_dir)]
+            procs.append(subprocess.Popen(cmd, env=env, stdout=open(logs[-1], "wb"), stderr=subprocess.STDOUT,
                                           preexec_fn=pin if pinned else None))
         deadline = time.monotonic() + 120
         while not all('"worker started"' in log.read_text() for log in logs):  # its job processes are ready

@@ -133,7 +133,8 @@ class Service:
             s.add(c)
         return c.id
 
-    def worker(self, name: str, lease: int = 5, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], Path]:
+    def worker(self, name: str, lease: int = 5,
+               env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], Path]:
         w = start_worker(self.data_dir, self.url, {**QUEUE_ENV, "OPBAND_JOB_LEASE_SECONDS": str(lease), **(env or {})},
                          log_name=name)
         self.procs.append(w)
@@ -244,7 +245,8 @@ def test_killed_shard_is_retried_and_the_result_is_whole(service: Service) -> No
     assert service.wait(expected_job)[0].status == "done"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # wait until the victim holds a shard of the job
-        held = [s for s in service.shard_rows(job) if s.status == "running" and s.worker and f":{victim.pid}:" in s.worker]
+        held = [s for s in service.shard_rows(job)
+                if s.status == "running" and s.worker and f":{victim.pid}:" in s.worker]
         if held:
             break
         time.sleep(0.02)

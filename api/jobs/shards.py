@@ -197,7 +197,8 @@ def park_for_shards(s: Any, job: Comparison, ranges: list[tuple[int, int]], weig
     """Queue one shard per range and park the comparison (running, held by no worker) until they are judged."""
     for i, (start, stop) in enumerate(ranges):
         s.add(ComparisonShard(id=shard_id(job.id, i), comparison_id=job.id, index=i, start=start, stop=stop,
-                              tensor_bytes=sum(weights[start:stop]), status="pending", attempts=0, created_at=job.created_at))
+                              tensor_bytes=sum(weights[start:stop]), status="pending", attempts=0,
+                              created_at=job.created_at))
     job.shards, job.shards_done, job.shard_plan = len(ranges), 0, shard_plan
     job.worker, job.lease_until = None, None
     log.info("comparison split into shards", extra={"job_id": job.id, "shards": len(ranges),
