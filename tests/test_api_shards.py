@@ -377,3 +377,24 @@ def test_a_shard_failing_on_its_data_fails_the_comparison(service: Service) -> N
     assert states[0] == "failed" and set(states[1:]) <= {"cancelled", "failed"}, states
     with service.db.session() as s:
         assert s.query(OpResultRow).filter(OpResultRow.comparison_id == job).count() == 0
+
+
+def test_a_shard_whose_workers_keep_dying_gives_up_and_fails_the_comparison(service: Service) -> None:
+    from datetime import timedelta
+
+    from api.store.models import utcnow
+
+    settings = service.settings.model_copy(update={"max_job_attempts": 1})
+    job = service.queue("p", *pair(service, "p", _ops(30)), shards_asked=3)
+    assert jobs.claim_next(service.db, settings, "splitter") == job
+    assert jobs.run_job(service.db, service.svc.store, settings, job, "splitter") == "sharded"
+    assert jobs.claim_next(service.db, settings, "dies") == shards.shard_id(job, 0)
+    with service.db.session() as s:  # its worker died: the lease runs out
+        row = s.get(ComparisonShard, shards.shard_id(job, 0))
+        assert row is not None
+        row.lease_until = utcnow() - timedelta(seconds=1)
+    assert jobs.claim_next(service.db, settings, "next") is None, "given up, not claimed again"
+    result = service.row(job)
+    assert result.status == "failed" and result.error.startswith("shard 1 of 3 (pairs 0-10): gave up after 1 attempts")
+    assert [s.status for s in service.shard_rows(job)] == ["failed", "cancelled", "cancelled"]
+    assert jobs.claim_next(service.db, settings, "next") is None, "nothing of a failed comparison is left to run"
