@@ -17,7 +17,9 @@ Twice: with each worker pinned to one CPU (``taskset``-style affinity: a fleet w
 CPU, the premise of the goal, and the metric kernels run one thread per worker) and unpinned (the
 kernels of one worker already use every CPU of this 2-core machine for large tensors). Prints the
 median of each, the speed-up ratio 1 worker / 2 workers, GB/s of tensor bytes judged, the CPU
-seconds the machine spent (all processes, /proc/stat) per run and the load average.
+seconds the workers spent (their process trees) and the machine spent (all processes, /proc/stat) per run,
+and the load average: on a machine others use too, the workers' CPUs per second of wall time show how
+much of the 2 CPUs they got.
 Goal (issue 14): 2 workers >= 1.7x faster than 1.
 """
 
@@ -66,6 +68,32 @@ def cpu_busy_seconds() -> float:
     fields = open("/proc/stat").readline().split()[1:]
     user, nice, system, _idle, _iowait, irq, softirq = (int(x) for x in fields[:7])
     return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu(roots: list[int], seen: dict[int, float]) -> None:
+    """Record the CPU seconds (user + system) of every live process under ``roots`` into ``seen``
+    (a job's process is sampled until it ends: the last sample is kept)."""
+    parent: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            rest = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        parent[int(entry)] = int(rest[1])
+        cpu[int(entry)] = (int(rest[11]) + int(rest[12])) / tick
+    mine = set(roots)
+    grew = True
+    while grew:
+        more = {pid for pid, pp in parent.items() if pp in mine} - mine
+        grew = bool(more)
+        mine |= more
+    for pid in mine:
+        if pid in cpu:
+            seen[pid] = max(seen.get(pid, 0.0), cpu[pid])
 
 
 class Bench:
@@ -118,13 +146,16 @@ class Bench:
         self.logs = logs
         return procs
 
-    def run(self, ref: str, tgt: str, workers: int, shards: int, pinned: bool) -> tuple[float, float, int]:
-        """Seconds from queueing to done, machine CPU seconds meanwhile, shards used."""
+    def run(self, ref: str, tgt: str, workers: int, shards: int, pinned: bool) -> tuple[float, float, float, int]:
+        """Seconds from queueing to done, machine CPU seconds and the workers' CPU seconds meanwhile, shards."""
         from api.store.models import Comparison
 
         procs = self.workers(workers, pinned)
         try:
             cid = uuid.uuid4().hex
+            before: dict[int, float] = {}
+            tree_cpu([p.pid for p in procs], before)
+            seen = dict(before)
             cpu0, t0 = cpu_busy_seconds(), time.perf_counter()
             with self.svc.db.session() as s:
                 s.add(Comparison(id=cid, project_id=self._project(), reference_id=ref, target_id=tgt, shards=shards))
@@ -135,11 +166,14 @@ class Bench:
                     status, error, used = c.status, c.error, c.shards_done
                 if status in ("done", "failed"):
                     break
-                time.sleep(0.02)
+                tree_cpu([p.pid for p in procs], seen)
+                time.sleep(0.05)
             wall, cpu = time.perf_counter() - t0, cpu_busy_seconds() - cpu0
+            tree_cpu([p.pid for p in procs], seen)
+            own = sum(seen.values()) - sum(before.values())
             if status != "done":
                 raise SystemExit(f"comparison failed: {error}")
-            return wall, cpu, used or 1
+            return wall, cpu, own, used or 1
         finally:
             for p in procs:
                 p.send_signal(signal.SIGTERM)
@@ -179,18 +213,22 @@ def main() -> None:
             bench.run(ref, tgt, 1, 1, pinned)  # warm: page cache, numba cache
             times: dict[str, list[float]] = {name: [] for name, _, _ in configs}
             cpus: dict[str, list[float]] = {name: [] for name, _, _ in configs}
+            owns: dict[str, list[float]] = {name: [] for name, _, _ in configs}
             loads = []
             for r in range(args.rounds):
                 order = configs if r % 2 == 0 else configs[::-1]  # interleaved, alternating order
                 for name, workers, shards in order:
                     loads.append(os.getloadavg()[0])
-                    wall, cpu, used = bench.run(ref, tgt, workers, shards, pinned)
+                    wall, cpu, own, used = bench.run(ref, tgt, workers, shards, pinned)
                     times[name].append(wall)
                     cpus[name].append(cpu)
+                    owns[name].append(own)
                     print(f"  [{mode}] round {r + 1} {name:<20} {wall:7.2f} s  {judged / wall / 1e9:5.2f} GB/s  "
-                          f"machine CPU {cpu:6.1f} s  shards {used}", flush=True)
+                          f"workers' CPU {own:6.1f} s ({own / wall:4.2f} CPUs)  machine CPU {cpu:6.1f} s  "
+                          f"shards {used}  load {loads[-1]:.2f}", flush=True)
             med = {k: statistics.median(v) for k, v in times.items()}
-            print(f"{mode}: " + "; ".join(f"{k} {v:.2f} s ({judged / v / 1e9:.2f} GB/s, machine CPU "
+            print(f"{mode}: " + "; ".join(f"{k} {v:.2f} s ({judged / v / 1e9:.2f} GB/s, workers' CPU "
+                                          f"{statistics.median(owns[k]):.1f} s, machine CPU "
                                           f"{statistics.median(cpus[k]):.1f} s)" for k, v in med.items()))
             print(f"{mode}: speed-up 2 workers vs 1 worker = {med['1 worker'] / med['2 workers, sharded']:.2f}x "
                   f"(vs 1 worker sharded: {med['1 worker, sharded'] / med['2 workers, sharded']:.2f}x; "

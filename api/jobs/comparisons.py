@@ -64,12 +64,19 @@ def claim_next(db: Database, settings: Settings, name: str) -> str | None:
         return _claim(db, settings, name, ComparisonShard) or _claim(db, settings, name, Comparison)
 
 
-def _claim(db: Database, settings: Settings, name: str, model: type[Comparison] | type[ComparisonShard]) -> str | None:
+def claim_shard_of(db: Database, settings: Settings, name: str, comparison_id: str) -> str | None:
+    """Claim the next runnable shard of one comparison (a worker that judged one goes on with its plan open)."""
+    with _CLAIM_LOCK:
+        return _claim(db, settings, name, ComparisonShard, ComparisonShard.comparison_id == comparison_id)
+
+
+def _claim(db: Database, settings: Settings, name: str, model: type[Comparison] | type[ComparisonShard],
+           *where: Any) -> str | None:
     with db.session() as s:
         now = utcnow()
         q = (
             select(model)
-            .where(or_(model.status == "pending", and_(model.status == "running", model.lease_until < now)))
+            .where(or_(model.status == "pending", and_(model.status == "running", model.lease_until < now)), *where)
             .order_by(model.created_at, *([ComparisonShard.index] if model is ComparisonShard else []))
             .limit(1)
             .options(lazyload("*"))  # no outer joins: PostgreSQL refuses FOR UPDATE on them
@@ -346,7 +353,9 @@ def _run_job(db: Database, store: BlobStore, settings: Settings, job_id: str, na
             if job.shard_plan is not None:
                 shards.check_plan(plan, job.shard_plan)
             if phase == "shard":
-                return _finish_shard(db, job_id, shards.encode_results(judge_range(plan, job.start, job.stop)), name)
+                status = _finish_shard(db, job_id, shards.encode_results(judge_range(plan, job.start, job.stop)), name)
+                return _judge_more_shards(db, settings, plan, shards.comparison_of(job_id), name) if status == "done" \
+                    else status
             if phase == "merge":
                 return persist_report(db, job_id, conclude(plan, shards.load_results(db, job.id, plan)), name)
             weights = shards.pair_bytes(plan)
@@ -360,6 +369,30 @@ def _run_job(db: Database, store: BlobStore, settings: Settings, job_id: str, na
         log.exception("comparison failed", extra={"job_id": job_id})
         return fail(db, job_id, f"internal error ({type(e).__name__}: {e}); please report it with this comparison id",
                     name)
+
+
+def _judge_more_shards(db: Database, settings: Settings, plan: ComparisonPlan, comparison_id: str, name: str) -> str:
+    """Claim and judge further shards of the same comparison in this process, with the plan already open (no
+    new process, no re-planning per shard), each under its own lease, until none is left to claim."""
+    status = "done"
+    while status == "done" and (job_id := claim_shard_of(db, settings, name, comparison_id)) is not None:
+        with db.session() as s:
+            row = s.get(ComparisonShard, job_id)
+            assert row is not None
+            start, stop, attempt = row.start, row.stop, row.attempts
+        log.info("job started", extra={"job_id": job_id, "worker": name, "attempt": attempt, "phase": "shard",
+                                       "chained": True})
+        try:
+            with Heartbeat(db, settings, job_id, name):
+                status = _finish_shard(db, job_id, shards.encode_results(judge_range(plan, start, stop)), name)
+        except OpbandError as e:
+            status = _fail_shard(db, job_id, f"{type(e).__name__}: {e}", name)
+        except Exception as e:  # noqa: BLE001 - recorded on the shard's comparison; the worker carries on
+            log.exception("comparison shard failed", extra={"job_id": job_id})
+            status = _fail_shard(db, job_id, f"internal error ({type(e).__name__}: {e}); please report it with this "
+                                 "comparison id", name)
+        log.info("shard finished", extra={"job_id": job_id, "worker": name, "status": status})
+    return status
 
 
 def _split(db: Database, job: _Job, plan: ComparisonPlan, weights: list[int], n: int, name: str) -> str:
