@@ -146,16 +146,19 @@ class Bench:
         self.logs = logs
         return procs
 
-    def run(self, ref: str, tgt: str, workers: int, shards: int, pinned: bool) -> tuple[float, float, float, int]:
-        """Seconds from queueing to done, machine CPU seconds and the workers' CPU seconds meanwhile, shards."""
+    def run(self, ref: str, tgt: str, workers: int, shards: int,
+            pinned: bool) -> tuple[float, float, float, float, int]:
+        """Seconds from queueing to done; machine CPU seconds, the workers' CPU seconds and the busiest worker's
+        meanwhile; shards."""
         from api.store.models import Comparison
 
         procs = self.workers(workers, pinned)
         try:
             cid = uuid.uuid4().hex
-            before: dict[int, float] = {}
-            tree_cpu([p.pid for p in procs], before)
-            seen = dict(before)
+            before: list[dict[int, float]] = [{} for _ in procs]
+            for p, b in zip(procs, before, strict=True):
+                tree_cpu([p.pid], b)
+            seen = [dict(b) for b in before]
             cpu0, t0 = cpu_busy_seconds(), time.perf_counter()
             with self.svc.db.session() as s:
                 s.add(Comparison(id=cid, project_id=self._project(), reference_id=ref, target_id=tgt, shards=shards))
@@ -166,14 +169,16 @@ class Bench:
                     status, error, used = c.status, c.error, c.shards_done
                 if status in ("done", "failed"):
                     break
-                tree_cpu([p.pid for p in procs], seen)
+                for p, b in zip(procs, seen, strict=True):
+                    tree_cpu([p.pid], b)
                 time.sleep(0.05)
             wall, cpu = time.perf_counter() - t0, cpu_busy_seconds() - cpu0
-            tree_cpu([p.pid for p in procs], seen)
-            own = sum(seen.values()) - sum(before.values())
+            for p, b in zip(procs, seen, strict=True):
+                tree_cpu([p.pid], b)
+            each = [sum(a.values()) - sum(b.values()) for a, b in zip(seen, before, strict=True)]
             if status != "done":
                 raise SystemExit(f"comparison failed: {error}")
-            return wall, cpu, own, used or 1
+            return wall, cpu, sum(each), max(each), used or 1
         finally:
             for p in procs:
                 p.send_signal(signal.SIGTERM)
@@ -214,12 +219,14 @@ def main() -> None:
             times: dict[str, list[float]] = {name: [] for name, _, _ in configs}
             cpus: dict[str, list[float]] = {name: [] for name, _, _ in configs}
             owns: dict[str, list[float]] = {name: [] for name, _, _ in configs}
+            busiest: dict[str, list[float]] = {name: [] for name, _, _ in configs}
             loads = []
             for r in range(args.rounds):
                 order = configs if r % 2 == 0 else configs[::-1]  # interleaved, alternating order
                 for name, workers, shards in order:
                     loads.append(os.getloadavg()[0])
-                    wall, cpu, own, used = bench.run(ref, tgt, workers, shards, pinned)
+                    wall, cpu, own, most, used = bench.run(ref, tgt, workers, shards, pinned)
+                    busiest[name].append(most)
                     times[name].append(wall)
                     cpus[name].append(cpu)
                     owns[name].append(own)
@@ -234,6 +241,9 @@ def main() -> None:
                   f"(vs 1 worker sharded: {med['1 worker, sharded'] / med['2 workers, sharded']:.2f}x; "
                   f"sharding overhead on 1 worker {med['1 worker, sharded'] / med['1 worker']:.3f}x); "
                   f"load average during the runs {min(loads):.2f}-{max(loads):.2f}  (goal >= 1.7x)", flush=True)
+            one, two = statistics.median(owns["1 worker"]), statistics.median(busiest["2 workers, sharded"])
+            print(f"{mode}: from CPU time (what external load does not change): 1 worker {one:.1f} CPU s, the busier "
+                  f"of 2 workers {two:.1f} CPU s: speed-up with a free CPU per worker ~{one / two:.2f}x", flush=True)
         bench.svc.close()
     finally:
         shutil.rmtree(root, ignore_errors=True)
