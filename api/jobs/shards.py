@@ -13,8 +13,10 @@ lease, retry up to ``max_job_attempts``: :mod:`api.jobs.comparisons`).
    on the row (``shard_plan``), so every later phase re-plans the very same comparison.
 2. **judge**: a worker claims a shard, re-plans from the same bundle files, checks the plan is the
    one that was split, judges its range (``judge_range``: reads the tensors, runs the metric kernels)
-   and stores the results as JSON (:func:`accuracy.report.op_to_dict`, zlib). Finishing a shard locks
-   the comparison row; the finish that completes the last shard queues the comparison again.
+   and stores the results as JSON (:func:`accuracy.report.op_to_dict`, zlib); then it claims the next
+   runnable shard of the same comparison, if any, and judges it in the same process with the plan open.
+   Finishing a shard locks the comparison row; the finish that completes the last shard queues the
+   comparison again.
 3. **merge**: the worker that claims it re-plans, reads the results of every shard in order
    (:func:`accuracy.report.op_from_dict`, the exact inverse), concludes (FDR over banded ops, unmatched,
    first divergence, counts) and persists exactly as an unsharded run does. Claims are exclusive,
