@@ -60,7 +60,7 @@ def op_to_dict(o: OpResult) -> dict[str, Any]:
         "verdict": o.verdict,
         "reason": o.reason,
         "budget": {"norm_l2": o.budget.norm_l2, "cosine_min": o.budget.cosine_min, "source": o.budget.source,
-                   "atol": o.budget.atol}
+                   **({"atol": o.budget.atol} if o.budget.atol else {})}  # atol only where one applies
         if o.budget
         else None,
         "bands": [_band_to_dict(c) for c in o.bands],
