@@ -3,8 +3,12 @@
 A bundle is a valid safetensors file, so any safetensors tool can open it. The writer streams
 tensor bytes into the final file (behind a reserved, space-padded header region) while the run
 proceeds and writes the header on close, so memory never holds more than one tensor (or a few
-MiB of small ones) and the data is written once. The reader validates the header strictly (see
-``docs/bundle-format.md``) and memory-maps tensors; it never unpickles anything.
+MiB of small ones) and the data is written once. Records (format 2.0) are JSON lines in the last
+tensor of the buffer, ``__opband__/records``: the writer spools them as they come, the reader
+validates them one line at a time and keeps a compact index (:class:`accuracy.records.RecordIndex`)
+instead of every record, so a bundle of millions of records opens in flat memory. The reader
+validates everything strictly (see ``docs/bundle-format.md``), memory-maps tensors and never
+unpickles anything.
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ import mmap
 import os
 import struct
 import sys
-from collections.abc import Iterator
+import tempfile
+from array import array
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -23,8 +29,9 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from accuracy.errors import BundleError
-from accuracy.manifest import FORMAT_NAME, Manifest, Record, parse_manifest
-from accuracy.strictjson import loads_strict
+from accuracy.manifest import FORMAT_NAME, FORMAT_VERSION, Manifest, Record, RecordsRef, newer_minor, parse_manifest_head, parse_record
+from accuracy.records import RecordIndex, RecordList
+from accuracy.strictjson import _refuse_constant, _refuse_duplicates
 
 #: Header size limit, as in the safetensors reference implementation.
 MAX_HEADER_BYTES = 100_000_000
@@ -45,6 +52,9 @@ DTYPES: dict[str, tuple[np.dtype, int]] = {
     "BOOL": (np.dtype("?"), 1),
 }
 
+_TAG_NAMES: tuple[str, ...] = tuple(DTYPES)
+_TAG_CODES = {tag: code for code, tag in enumerate(_TAG_NAMES)}
+
 #: Record dtype name -> the tag its tensor must be stored with (quantized dtypes store F32 values).
 RECORD_DTYPE_TAG: dict[str, str] = {
     "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "float8_e4m3fn": "F8_E4M3",
@@ -55,8 +65,18 @@ RECORD_DTYPE_TAG: dict[str, str] = {
 _META_FORMAT = "format"
 _META_MANIFEST = "opband.manifest"
 
+#: The tensor that holds a format-2 bundle's records: UTF-8 JSON, one record per line, each ended by
+#: ``\n``; the writer puts it last in the data buffer. Names under ``__opband__/`` are opband's own.
+RECORDS_TENSOR = "__opband__/records"
+RESERVED_PREFIX = "__opband__/"
+#: The longest record line a reader accepts (a real record is well under 4 KiB).
+MAX_RECORD_BYTES = 1 << 20
+#: Bundles with at most this many records keep them as Record objects once opened (``Bundle.records``
+#: is a list, as in format 1.x); larger ones keep a compact index and read records from the file.
+EAGER_RECORDS = 50_000
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, slots=True)
 class TensorInfo:
     """Where one tensor lives in the data buffer."""
 
@@ -71,6 +91,109 @@ class TensorInfo:
         return self.end - self.begin
 
 
+class TensorTable(Mapping[str, TensorInfo]):
+    """The header's tensor entries, name -> :class:`TensorInfo`, as numpy columns: ~45 bytes a tensor
+    plus its name's UTF-8 bytes (a dict of TensorInfo costs ~350), so a bundle of a million tensors
+    opens in flat memory. Lookups go by a 64-bit hash of the name, confirmed on the name itself.
+    Iterates in data-buffer order."""
+
+    def __init__(self) -> None:
+        self._names = bytearray()
+        self._cols = {k: array(t) for k, t in (("begin", "q"), ("end", "q"), ("dtype", "b"), ("shape", "i"),
+                                               ("name_at", "q"), ("hash", "q"))}
+        self._shapes: dict[tuple[int, ...], int] = {}
+        self._hidden = -1
+        self._recent: dict[str, TensorInfo] = {}  # the last few looked up (a comparison asks for each twice)
+
+    def add(self, name: str, dtype: str, shape: tuple[int, ...], begin: int, end: int) -> None:
+        c = self._cols
+        c["begin"].append(begin)
+        c["end"].append(end)
+        c["dtype"].append(_TAG_CODES[dtype])
+        c["shape"].append(self._shapes.setdefault(shape, len(self._shapes)))
+        c["name_at"].append(len(self._names))
+        c["hash"].append(hash(name))
+        self._names += name.encode("utf-8", "surrogatepass")
+
+    def freeze(self) -> TensorTable:
+        """Columns to numpy (after the last :meth:`add`); order by data offset; index the hashes."""
+        cols = {k: np.frombuffer(v, dtype=v.typecode).copy() if len(v) else np.zeros(0, v.typecode)
+                for k, v in self._cols.items()}
+        self._cols = {}
+        self._name_at = np.append(cols["name_at"], len(self._names))  # name i: bytes [at[i], at[i + 1])
+        self.order = np.lexsort((cols["end"], cols["begin"])).astype(np.int32)  # data order, as the buffer is checked
+        self.begin, self.end, self.dtype, self.shape = cols["begin"], cols["end"], cols["dtype"], cols["shape"]
+        self.shapes = [s for s, _ in sorted(self._shapes.items(), key=lambda kv: kv[1])]
+        self._shapes = {}
+        by_hash = np.argsort(cols["hash"], kind="stable")
+        self._hash_keys, self._hash_slots = cols["hash"][by_hash], by_hash.astype(np.int32)
+        return self
+
+    def name(self, slot: int) -> str:
+        return bytes(self._names[self._name_at[slot] : self._name_at[slot + 1]]).decode("utf-8", "surrogatepass")
+
+    def slot(self, name: str) -> int | None:
+        """The slot of ``name`` (its position in the header), or None."""
+        h = hash(name)
+        lo = int(self._hash_keys.searchsorted(h))
+        while lo < len(self._hash_keys) and self._hash_keys[lo] == h:
+            slot = int(self._hash_slots[lo])
+            if slot != self._hidden and self.name(slot) == name:
+                return slot
+            lo += 1
+        return None
+
+    def info(self, slot: int) -> TensorInfo:
+        return TensorInfo(self.name(slot), _TAG_NAMES[self.dtype[slot]], self.shapes[self.shape[slot]],
+                          int(self.begin[slot]), int(self.end[slot]))
+
+    def hide(self, name: str) -> TensorInfo | None:
+        """Take ``name`` out of the mapping (the records tensor: opband's own); its info, or None."""
+        slot = self.slot(name)
+        if slot is None:
+            return None
+        self._hidden = slot
+        self._recent.pop(name, None)
+        return self.info(slot)
+
+    def duplicate_name(self) -> str | None:
+        """A name the header gives twice, if any (equal hashes, confirmed on the names)."""
+        keys = self._hash_keys
+        for k in np.unique(keys[1:][keys[1:] == keys[:-1]]):
+            lo, hi = np.searchsorted(keys, k, "left"), np.searchsorted(keys, k, "right")
+            names = [self.name(int(s)) for s in self._hash_slots[lo:hi]]
+            repeated = [n for n in names if names.count(n) > 1]
+            if repeated:
+                return repeated[0]
+        return None
+
+    def __getitem__(self, name: str) -> TensorInfo:
+        info = self._recent.get(name)
+        if info is None:
+            slot = self.slot(name)
+            if slot is None:
+                raise KeyError(name)
+            info = self.info(slot)
+            if len(self._recent) >= 64:
+                self._recent.clear()
+            self._recent[name] = info
+        return info
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and (name in self._recent or self.slot(name) is not None)
+
+    def __iter__(self) -> Iterator[str]:
+        for slot in self.order:
+            if slot != self._hidden:
+                yield self.name(int(slot))
+
+    def __len__(self) -> int:
+        return len(self.order) - (self._hidden >= 0)
+
+    def __repr__(self) -> str:
+        return f"<TensorTable of {len(self)} tensors>"
+
+
 #: Bundles whose tensor data stays below this size are assembled in memory and written once,
 #: with the minimal header padding; larger ones stream to disk after a reserved header region.
 SPILL_BYTES = 8 << 20
@@ -79,13 +202,15 @@ SPILL_BYTES = 8 << 20
 #: header is ~1 KB per record: 1 MiB holds ~1000 records, so a typical capture never has to grow
 #: its header (growing costs a writeback of everything written so far, see ``_insert_range``).
 MIN_HEADER_RESERVE = 1 << 20
-#: Header-size allowance per tensor for the manifest record that will name it (bytes).
-RECORD_ALLOWANCE = 1024
 _BLOCK = 4096  # the data region starts block-aligned, so it can be shifted without a copy
 
 
 class BundleWriter:
-    """Streams tensors into a bundle; call :meth:`close` with the manifest to finish.
+    """Streams tensors and records into a bundle; call :meth:`close` with the manifest to finish.
+
+    Records go either in ``manifest.records`` or, one at a time as they are made, to
+    :meth:`add_record` (spooled to a temporary file, so a capture of millions of records holds none
+    of them); ``close`` writes the spooled ones first, then the manifest's, as the records tensor.
 
     Everything goes to ``<path>.partial``, renamed into place by ``close``, so a crashed run never
     leaves a file that looks complete. Small bundles (under ``SPILL_BYTES`` of tensor data) are
@@ -105,19 +230,43 @@ class BundleWriter:
         self._spill = SPILL_BYTES if spill_bytes is None else spill_bytes
         self._buffer: list[bytes] | None = []  # None once data streams to the file
         self._data_start = 0  # file offset of the data buffer once streaming (8 + reservation)
-        self._tensors: dict[str, TensorInfo] = {}
+        self._names: set[int] = set()  # hashes of the tensor names written: duplicates are refused
+        self._entries = bytearray()  # the header's tensor entries as they will appear in it (~80 bytes a tensor)
         self._entry_bytes = 0  # running estimate of the tensor entries' share of the header
         self._offset = 0
+        self._records: BinaryIO = tempfile.SpooledTemporaryFile(max_size=4 << 20, dir=self.path.parent)  # type: ignore[assignment]
+        self._record_count = 0
 
     @property
     def bytes_written(self) -> int:
         return self._offset
 
-    def add(self, name: str, dtype: str, shape: tuple[int, ...], data: bytes | memoryview) -> None:
-        """Append one tensor's raw little-endian bytes under ``name``."""
+    @property
+    def records_written(self) -> int:
+        return self._record_count
+
+    def add_record(self, record: Record) -> None:
+        """Append one record (spooled to a temporary file until :meth:`close`)."""
         if self._file is None:
             raise BundleError("bundle writer is closed")
-        if name in self._tensors:
+        self._records.write(record.model_dump_json(exclude_none=True).encode())
+        self._records.write(b"\n")
+        self._record_count += 1
+
+    def add_records(self, records: Iterable[Record]) -> None:
+        for record in records:
+            self.add_record(record)
+
+    def add(self, name: str, dtype: str, shape: tuple[int, ...], data: bytes | memoryview) -> None:
+        """Append one tensor's raw little-endian bytes under ``name``."""
+        if name.startswith(RESERVED_PREFIX):
+            raise BundleError(f"tensor name {name!r}: names under {RESERVED_PREFIX!r} are opband's own")
+        self._add(name, dtype, shape, data)
+
+    def _add(self, name: str, dtype: str, shape: tuple[int, ...], data: bytes | memoryview) -> None:
+        if self._file is None:
+            raise BundleError("bundle writer is closed")
+        if hash(name) in self._names:
             raise BundleError(f"duplicate tensor name {name!r}")
         if dtype not in DTYPES:
             raise BundleError(f"unsupported dtype tag {dtype!r}")
@@ -126,7 +275,7 @@ class BundleWriter:
         view = memoryview(b"") if view.nbytes == 0 else view.cast("B") if view.format != "B" or view.ndim != 1 else view
         if view.nbytes != size:
             raise BundleError(f"tensor {name!r}: {view.nbytes} bytes given, shape needs {size}")
-        self._tensors[name] = TensorInfo(name, dtype, tuple(shape), self._offset, self._offset + size)
+        self._entry(name, dtype, shape, size)
         self._entry_bytes += len(name) + 24 * len(shape) + 96
         self._offset += size
         if self._buffer is not None and self._offset < self._spill:
@@ -136,6 +285,13 @@ class BundleWriter:
             self._start_streaming()
         self._file.write(view)
 
+    def _entry(self, name: str, dtype: str, shape: tuple[int, ...], size: int) -> None:
+        """Note a tensor's header entry (compact JSON, exactly as ``json.dumps`` of the header writes it)."""
+        self._names.add(hash(name))
+        self._entries += b"," + json.dumps(name).encode() + json.dumps(
+            {"dtype": dtype, "shape": list(shape), "data_offsets": [self._offset, self._offset + size]},
+            separators=(",", ":")).encode().replace(b"{", b":{", 1)
+
     def add_array(self, name: str, array: np.ndarray, dtype: str | None = None) -> None:
         """Append a numpy array; ``dtype`` overrides the tag (for raw BF16/F8 payloads)."""
         tag = dtype or numpy_tag(array.dtype)
@@ -143,29 +299,47 @@ class BundleWriter:
 
     def _start_streaming(self) -> None:
         assert self._file is not None and self._buffer is not None
-        self._data_start = 8 + _reserve_for(self._entry_bytes + RECORD_ALLOWANCE * len(self._tensors))
+        self._data_start = 8 + _reserve_for(self._entry_bytes)
         self._file.seek(self._data_start)
         for piece in self._buffer:
             self._file.write(piece)
         self._buffer = None
 
+    def _add_records_tensor(self) -> None:
+        """The spooled record lines, as the last tensor (streamed in pieces past ``spill_bytes``)."""
+        spool = self._records
+        size = spool.tell()
+        spool.seek(0)
+        if self._buffer is not None and self._offset + size < self._spill:
+            self._add(RECORDS_TENSOR, "U8", (size,), spool.read())
+            return
+        self._entry(RECORDS_TENSOR, "U8", (size,), size)
+        self._entry_bytes += len(RECORDS_TENSOR) + 120
+        self._offset += size
+        if self._buffer is not None:
+            self._start_streaming()
+        assert self._file is not None
+        while piece := spool.read(16 << 20):
+            self._file.write(piece)
+
+    def _manifest_json(self, manifest: Manifest) -> str:
+        """The manifest without its records, which it names instead (format 2.0)."""
+        head = manifest.model_copy(update={"format_version": FORMAT_VERSION, "records": []})
+        text = head.model_dump_json(exclude_none=True, exclude={"records"})
+        ref = RecordsRef(tensor=RECORDS_TENSOR, count=self._record_count).model_dump_json()
+        return text[:-1] + ',"records":' + ref + "}"
+
     def close(self, manifest: Manifest) -> Path:
-        """Write header + data to ``path`` atomically and return it."""
+        """Write header + data to ``path`` atomically and return it (records: those added with
+        :meth:`add_record`, then ``manifest.records``)."""
         if self._file is None:
             raise BundleError("bundle writer is closed")
-        header: dict[str, Any] = {
-            "__metadata__": {
-                _META_FORMAT: FORMAT_NAME,
-                _META_MANIFEST: manifest.model_dump_json(exclude_none=True),
-            }
-        }
-        for info in self._tensors.values():
-            header[info.name] = {
-                "dtype": info.dtype,
-                "shape": list(info.shape),
-                "data_offsets": [info.begin, info.end],
-            }
-        raw = json.dumps(header, separators=(",", ":")).encode()
+        self.add_records(manifest.records)
+        self._add_records_tensor()
+        self._records.close()
+        metadata = {_META_FORMAT: FORMAT_NAME, _META_MANIFEST: self._manifest_json(manifest)}
+        raw = b'{"__metadata__":' + json.dumps(metadata, separators=(",", ":")).encode() + self._entries + b"}"
+        self._entries = bytearray()
         raw += b" " * (-len(raw) % 8)  # align the data buffer to 8 bytes, as safetensors does
         out, self._file = self._file, None
         try:
@@ -203,6 +377,7 @@ class BundleWriter:
         if self._file is not None:
             self._file.close()
             self._file = None
+        self._records.close()
         self._buffer = None
         self._partial.unlink(missing_ok=True)
 
@@ -294,15 +469,33 @@ def numpy_tag(dtype: np.dtype) -> str:
 
 
 class Bundle:
-    """A validated, read-only bundle. Tensors are memory-mapped on demand."""
+    """A validated, read-only bundle. Tensors are memory-mapped on demand.
 
-    def __init__(self, path: Path, manifest: Manifest, tensors: dict[str, TensorInfo], data_start: int):
+    Records: ``records`` (a list up to ``EAGER_RECORDS`` records, else a :class:`RecordList` that
+    reads each one from the file), ``iter_records()`` (streams them), ``record(id)``,
+    ``record_at(position)`` and ``index``, the compact columns comparisons align on.
+    """
+
+    def __init__(self, path: Path, manifest: Manifest, tensors: Mapping[str, TensorInfo], data_start: int,
+                 index: RecordIndex | None = None, lines: tuple[int, np.ndarray] | None = None,
+                 newer: bool = False) -> None:
         self.path = path
         self.manifest = manifest
         self.tensors = tensors
         self._data_start = data_start
-        self._records_by_id = {r.id: r for r in manifest.records}
         self._map: mmap.mmap | None = None  # the whole file, mapped once (per-tensor memmaps cost ~70 us each)
+        self._lines = lines  # 2.0 lazy records: (file offset of the records tensor, line starts + end)
+        self._newer = newer
+        if index is None:
+            index = RecordIndex()
+            for r in manifest.records:
+                index.add(r)
+            index.freeze()
+        self.index = index
+        self._records_by_id: dict[str, Record] | None = (
+            {r.id: r for r in manifest.records} if lines is None else None)
+        if lines is not None:
+            manifest.records = RecordList(index.count, self.record_at, self.iter_records)  # type: ignore[assignment]
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> Bundle:
@@ -311,21 +504,104 @@ class Bundle:
         try:
             size = path.stat().st_size
             with open(path, "rb") as f:
-                header, data_start = read_header(f, size)
+                metadata, tensors, data_start = read_header(f, size)
+                _check_coverage(tensors, size - data_start)
+                manifest, ref = _manifest_from_metadata(metadata)
+                if ref is None:  # format 1.x: the records were in the manifest
+                    _check_records(manifest.records, tensors, manifest.format_version)
+                    return cls(path, manifest, tensors, data_start)
+                info = _records_tensor(ref, tensors)
+                newer = newer_minor(manifest.format_version)
+                with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                    index, starts, eager = _scan_records(mm, data_start + info.begin, info.nbytes, ref.count,
+                                                         tensors, manifest.format_version, newer)
         except OSError as e:
             raise BundleError(f"cannot read bundle {path}: {e.strerror}") from e
-        metadata = header.pop("__metadata__", None)
-        tensors = _validate_tensors(header, size - data_start)
-        manifest = _manifest_from_metadata(metadata)
-        _check_manifest_against_tensors(manifest, tensors)
-        return cls(path, manifest, tensors, data_start)
+        if eager is not None:
+            manifest.records = eager
+            return cls(path, manifest, tensors, data_start, index)
+        bundle = cls(path, manifest, tensors, data_start, index, (data_start + info.begin, starts), newer)
+        bundle._check_unique_ids()
+        return bundle
+
+    @staticmethod
+    def peek_records(path: str | os.PathLike[str]) -> tuple[int, int, int]:
+        """``(records, record bytes, header bytes)`` of the bundle at ``path``, from its header alone
+        (the records are not read or checked: a server refuses a bundle over its limits before
+        validating it). Record bytes: the records tensor's size (0 in 1.x, whose header holds them)."""
+        path = Path(path)
+        try:
+            size = path.stat().st_size
+            with open(path, "rb") as f:
+                metadata, tensors, data_start = read_header(f, size)
+        except OSError as e:
+            raise BundleError(f"cannot read bundle {path}: {e.strerror}") from e
+        manifest, ref = _manifest_from_metadata(metadata)
+        if ref is None:
+            return len(manifest.records), 0, data_start - 8
+        info = tensors.get(ref.tensor)
+        return ref.count, info.nbytes if info is not None else 0, data_start - 8
 
     @property
     def records(self) -> list[Record]:
+        """Every record: a list, or for a large bundle a sequence that reads them from the file."""
         return self.manifest.records
 
+    def iter_records(self) -> Iterator[Record]:
+        """The records in file order, one at a time (flat memory for any number of them)."""
+        if self._lines is None:
+            yield from self.manifest.records
+            return
+        for i in range(self.index.count):
+            yield self.record_at(i)
+            if i % 65536 == 65535:
+                self.release_pages()
+
+    def record_at(self, position: int) -> Record:
+        """The record at ``position`` in file order."""
+        if self._lines is None:
+            return self.manifest.records[position]
+        base, starts = self._lines
+        begin, end = int(starts[position]), int(starts[position + 1]) - 1  # without its newline
+        line = self._mapped()[base + begin : base + end]
+        if self._newer:  # unknown fields of a newer minor version are dropped, as when it was opened
+            return parse_record(line, True)
+        return Record.model_validate_json(line)  # validated strictly when the bundle was opened
+
+    def position(self, record_id: str) -> int | None:
+        """Where the record with this id is (file order), or None."""
+        for p in self.index.positions_of_hash(hash(record_id)):
+            if self.record_at(int(p)).id == record_id:
+                return int(p)
+        return None
+
     def record(self, record_id: str) -> Record:
-        return self._records_by_id[record_id]
+        """The record with this id; KeyError if there is none."""
+        if self._records_by_id is not None:
+            return self._records_by_id[record_id]
+        p = self.position(record_id)
+        if p is None:
+            raise KeyError(record_id)
+        return self.record_at(p)
+
+    def _check_unique_ids(self) -> None:
+        for group in self.index.duplicate_hash_positions():
+            ids = [self.record_at(int(p)).id for p in group]
+            repeated = sorted({i for i in ids if ids.count(i) > 1})
+            if repeated:
+                raise BundleError(f"record {repeated[0]!r} appears twice in the bundle's records")
+
+    def release_pages(self) -> None:
+        """Drop the file's pages from this process's resident set (they stay in the page cache, and
+        arrays read from the file stay valid): a long pass over a large bundle calls this now and then."""
+        if self._map is not None:
+            _release(self._map, 0, len(self._map) - len(self._map) % mmap.PAGESIZE)
+
+    def _mapped(self) -> mmap.mmap:
+        if self._map is None:
+            with open(self.path, "rb") as f:
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        return self._map
 
     def raw(self, name: str) -> np.ndarray:
         """The stored array (BF16/F8 as their raw integer words), memory-mapped, read-only."""
@@ -333,11 +609,8 @@ class Bundle:
         np_dtype = DTYPES[info.dtype][0]
         if info.nbytes == 0:
             return np.zeros(info.shape, dtype=np_dtype)
-        if self._map is None:
-            with open(self.path, "rb") as f:
-                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         count = info.nbytes // np_dtype.itemsize
-        return np.frombuffer(self._map, np_dtype, count, self._data_start + info.begin).reshape(info.shape)
+        return np.frombuffer(self._mapped(), np_dtype, count, self._data_start + info.begin).reshape(info.shape)
 
     def stored(self, name: str) -> tuple[np.ndarray, str | None]:
         """``(array, dtype)`` for the metric kernels: BF16 as its raw words with ``dtype="BF16"``
@@ -356,7 +629,7 @@ class Bundle:
     def record_values(self, record_id: str) -> np.ndarray | None:
         """A record's values in the record's own shape (its tensor may be stored under another
         shape of the same size, format 1.1), or None for a record without a tensor."""
-        record = self._records_by_id[record_id]
+        record = self.record(record_id)
         if record.tensor is None:
             return None
         return self.values(record.tensor).reshape(record.shape)
@@ -435,8 +708,9 @@ def sniff_foreign(head: bytes) -> str | None:
     return None
 
 
-def read_header(f: BinaryIO, size: int) -> tuple[dict[str, Any], int]:
-    """Read and JSON-decode the safetensors header; returns (header, data start offset).
+def read_header(f: BinaryIO, size: int) -> tuple[Any, TensorTable, int]:
+    """Read and strictly parse the safetensors header: (``__metadata__`` value or None, tensor table,
+    data start offset). The tensor entries are checked here too (see :func:`_check_entry`).
 
     A file that fails a structural check and starts like a pickle, an archive or another known
     format is refused by that name (only then: a bundle whose header length begins with byte
@@ -454,7 +728,7 @@ def read_header(f: BinaryIO, size: int) -> tuple[dict[str, Any], int]:
         raise
 
 
-def _read_header(f: BinaryIO, size: int) -> tuple[dict[str, Any], int]:
+def _read_header(f: BinaryIO, size: int) -> tuple[Any, TensorTable, int]:
     if size < 8:
         raise BundleError(f"file is {size} bytes; a bundle starts with an 8-byte header length")
     (n,) = struct.unpack("<Q", f.read(8))
@@ -467,75 +741,214 @@ def _read_header(f: BinaryIO, size: int) -> tuple[dict[str, Any], int]:
     raw = f.read(n)
     if not raw.startswith(b"{"):
         raise BundleError("header does not start with '{': not a safetensors/opband bundle")
-    header = loads_strict(raw.rstrip(b" "), "bundle header")
-    if not isinstance(header, dict):
-        raise BundleError("header must be a JSON object")
-    return header, 8 + n
+    try:
+        text = raw.rstrip(b" ").decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BundleError(f"bundle header is not valid UTF-8 (byte {e.start}): {e.reason}") from e
+    del raw
+    try:
+        metadata, table = _parse_header(text)
+    except json.JSONDecodeError as e:
+        raise BundleError(f"bundle header is not valid JSON: {e}") from e
+    except RecursionError as e:
+        raise BundleError("bundle header nests too deeply") from e
+    return metadata, table, 8 + n
 
 
-def _validate_tensors(header: dict[str, Any], buffer_size: int) -> dict[str, TensorInfo]:
-    infos: list[TensorInfo] = []
-    for name, entry in header.items():
-        if not name or len(name) > 4096:
-            raise BundleError(f"tensor name {name[:40]!r}: names must be 1 to 4096 characters")
-        if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
-            raise BundleError(f"tensor {name!r}: entry must have exactly dtype, shape, data_offsets")
-        dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-        if dtype not in DTYPES:
-            raise BundleError(f"tensor {name!r}: unknown dtype {dtype!r}")
-        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-            raise BundleError(f"tensor {name!r}: shape must be a list of non-negative integers")
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)):
-            raise BundleError(f"tensor {name!r}: data_offsets must be two integers")
-        begin, end = offsets
-        if len(shape) > 64:
-            raise BundleError(f"tensor {name!r}: {len(shape)} dimensions (at most 64)")
-        expected = int(np.prod(shape, dtype=object)) * DTYPES[dtype][1]
-        if begin < 0 or end < begin or end - begin != expected:
-            raise BundleError(f"tensor {name!r}: data_offsets {offsets} do not match shape {shape} x {dtype}")
-        infos.append(TensorInfo(name, dtype, tuple(shape), begin, end))
-    infos.sort(key=lambda t: (t.begin, t.end))
-    cursor = 0
-    for info in infos:
-        if info.begin != cursor:
-            raise BundleError(f"tensor {info.name!r}: data starts at {info.begin}, expected {cursor} (hole or overlap)")
-        cursor = info.end
+_WS = json.decoder.WHITESPACE.match  # type: ignore[attr-defined]
+_MISSING = object()
+
+
+def _parse_header(text: str) -> tuple[Any, TensorTable]:
+    """The header object, one entry at a time (the standard strict decoder for each value), so a
+    million tensor entries never exist as Python dicts at once: each goes into the table as parsed."""
+    decoder = json.JSONDecoder(object_pairs_hook=_refuse_duplicates, parse_constant=_refuse_constant)
+    scanstring = json.decoder.scanstring  # type: ignore[attr-defined]
+    table = TensorTable()
+    metadata: Any = _MISSING
+    pos = _WS(text, 1).end()
+
+    def expect(char: str, at: int) -> int:
+        if at >= len(text) or text[at] != char:
+            what = "Expecting property name enclosed in double quotes" if char == '"' else f"Expecting '{char}' delimiter"
+            raise json.JSONDecodeError(what, text, at)
+        return at + 1
+
+    if pos < len(text) and text[pos] == "}":
+        pos += 1
+    else:
+        while True:
+            name, pos = scanstring(text, expect('"', pos), True)
+            pos = _WS(text, expect(":", _WS(text, pos).end())).end()
+            value, pos = decoder.raw_decode(text, pos)
+            if name == "__metadata__":
+                if metadata is not _MISSING:
+                    raise BundleError("duplicate JSON key '__metadata__': a bundle header must name each entry once")
+                metadata = value
+            else:
+                table.add(name, *_check_entry(name, value))
+            pos = _WS(text, pos).end()
+            if pos < len(text) and text[pos] == ",":
+                pos = _WS(text, pos + 1).end()
+                continue
+            pos = expect("}", pos)
+            break
+    if _WS(text, pos).end() != len(text):
+        raise json.JSONDecodeError("Extra data", text, pos)
+    table.freeze()
+    repeated = table.duplicate_name()
+    if repeated is not None:
+        raise BundleError(f"duplicate JSON key {repeated!r}: a bundle header must name each entry once")
+    return (None if metadata is _MISSING else metadata), table
+
+
+def _check_entry(name: str, entry: Any) -> tuple[str, tuple[int, ...], int, int]:
+    """One tensor entry of the header, checked: (dtype, shape, begin, end)."""
+    if not name or len(name) > 4096:
+        raise BundleError(f"tensor name {name[:40]!r}: names must be 1 to 4096 characters")
+    if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
+        raise BundleError(f"tensor {name!r}: entry must have exactly dtype, shape, data_offsets")
+    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    if dtype not in DTYPES:
+        raise BundleError(f"tensor {name!r}: unknown dtype {dtype!r}")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise BundleError(f"tensor {name!r}: shape must be a list of non-negative integers")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)):
+        raise BundleError(f"tensor {name!r}: data_offsets must be two integers")
+    begin, end = offsets
+    if len(shape) > 64:
+        raise BundleError(f"tensor {name!r}: {len(shape)} dimensions (at most 64)")
+    expected = math.prod(shape) * DTYPES[dtype][1]
+    if begin < 0 or end < begin or end - begin != expected or end >= 1 << 63:
+        raise BundleError(f"tensor {name!r}: data_offsets {offsets} do not match shape {shape} x {dtype}")
+    return dtype, tuple(shape), begin, end
+
+
+def _check_coverage(table: TensorTable, buffer_size: int) -> None:
+    """The tensors cover the data buffer exactly: in data order each starts where the last one ended."""
+    begin, end = table.begin[table.order], table.end[table.order]
+    starts = np.concatenate([np.zeros(1, np.int64), end[:-1]])
+    bad = np.flatnonzero(begin != starts)
+    if bad.size:
+        i = int(bad[0])
+        raise BundleError(f"tensor {table.name(int(table.order[i]))!r}: data starts at {begin[i]}, expected "
+                          f"{starts[i]} (hole or overlap)")
+    cursor = int(end[-1]) if len(end) else 0
     if cursor != buffer_size:
         raise BundleError(f"data buffer is {buffer_size} bytes but tensors cover {cursor} (truncated or trailing bytes)")
-    return {t.name: t for t in infos}
 
 
-def _manifest_from_metadata(metadata: Any) -> Manifest:
+def _manifest_from_metadata(metadata: Any) -> tuple[Manifest, RecordsRef | None]:
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise BundleError("no __metadata__ string map: this is a safetensors file but not an opband bundle")
     if metadata.get(_META_FORMAT) != FORMAT_NAME or _META_MANIFEST not in metadata:
         raise BundleError(f"__metadata__ lacks format={FORMAT_NAME!r} and {_META_MANIFEST!r}: not an opband bundle")
-    return parse_manifest(metadata[_META_MANIFEST])
+    return parse_manifest_head(metadata[_META_MANIFEST])
 
 
-def _check_manifest_against_tensors(manifest: Manifest, tensors: dict[str, TensorInfo]) -> None:
+def _records_tensor(ref: RecordsRef, tensors: TensorTable) -> TensorInfo:
+    """The records tensor a 2.0 manifest names (hidden from ``tensors``: it holds no values)."""
+    if ref.tensor != RECORDS_TENSOR:
+        raise BundleError(f"manifest names records tensor {ref.tensor!r}; format 2.0 keeps records in {RECORDS_TENSOR!r}")
+    info = tensors.hide(RECORDS_TENSOR)
+    if info is None:
+        raise BundleError(f"the manifest's records tensor {RECORDS_TENSOR!r} is not in the file (truncated or not "
+                          "written by opband)")
+    if info.dtype != "U8" or len(info.shape) != 1:
+        raise BundleError(f"records tensor {RECORDS_TENSOR!r} must be 1-D U8 (JSON lines), not {info.dtype} {list(info.shape)}")
+    return info
+
+
+#: The scan of a records tensor drops the pages it has read from its mapping every this many bytes
+#: (they stay in the page cache): resident memory stays flat however large the records are.
+_RELEASE_BYTES = 32 << 20
+
+
+def _release(mm: mmap.mmap, offset: int, length: int) -> None:
+    """Drop a page-aligned range of a read-only file mapping from this process's resident set."""
+    if length > 0 and hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+        mm.madvise(mmap.MADV_DONTNEED, offset, length)
+
+
+def _scan_records(mm: Any, start: int, size: int, count: int, tensors: Mapping[str, TensorInfo], version: str,
+                  newer: bool) -> tuple[RecordIndex, np.ndarray, list[Record] | None]:
+    """Validate a 2.0 records tensor line by line: (index, line starts, the records when they are few).
+
+    Every line is parsed strictly and checked against the tensors; only the compact index (and, up to
+    ``EAGER_RECORDS``, the Record objects) is kept."""
+    if 3 * count > size:  # a record line is at least 3 bytes ("{}" and its newline)
+        raise BundleError(f"the manifest says {count} records but the records tensor holds {size} bytes")
+    index = RecordIndex()
+    starts = np.zeros(count + 1, dtype=np.int64)
+    eager: list[Record] | None = [] if count <= EAGER_RECORDS else None
+    seen: set[str] | None = set() if eager is not None else None
+    same_shape = _same_shape_required(version)
+    pos, end, i = start, start + size, 0
+    released = start - start % mmap.PAGESIZE  # pages before this are dropped from the mapping as the scan passes
+    while pos < end:
+        if pos - released > _RELEASE_BYTES:
+            upto = pos - pos % mmap.PAGESIZE
+            _release(mm, released, upto - released)
+            released = upto
+        if i == count:
+            raise BundleError(f"the records tensor holds more than the {count} records the manifest says")
+        nl = mm.find(b"\n", pos, min(end, pos + MAX_RECORD_BYTES + 1))
+        if nl < 0:
+            if end - pos > MAX_RECORD_BYTES:
+                raise BundleError(f"record {i} is longer than {MAX_RECORD_BYTES} bytes (the limit for one record line)")
+            raise BundleError(f"record {i} does not end with a newline (records tensor truncated?)")
+        r = parse_record(mm[pos:nl], newer, where=f"record {i}")
+        _check_record(r, tensors, same_shape)
+        if seen is not None:
+            if r.id in seen:
+                raise BundleError(f"record {r.id!r} appears twice in the bundle's records")
+            seen.add(r.id)
+        if eager is not None:
+            eager.append(r)
+        index.add(r)
+        starts[i] = pos - start
+        pos, i = nl + 1, i + 1
+    if i != count:
+        raise BundleError(f"the manifest says {count} records but the records tensor holds {i}")
+    starts[count] = size
+    return index.freeze(), starts, eager
+
+
+def _same_shape_required(version: str) -> bool:
+    """Format 1.0: a record's tensor has the record's shape (1.1 on allow an equal-size reshape)."""
+    major, _, minor = version.partition(".")
+    return major == "1" and minor.isdigit() and int(minor) < 1
+
+
+def _check_records(records: Sequence[Record], tensors: Mapping[str, TensorInfo], version: str) -> None:
     seen: set[str] = set()
-    minor = manifest.format_version.split(".")[1]
-    same_shape = minor.isdigit() and int(minor) < 1  # 1.0: a record's tensor has the record's shape
-    for record in manifest.records:
+    same_shape = _same_shape_required(version)
+    for record in records:
         if record.id in seen:
             raise BundleError(f"record {record.id!r} appears twice in the manifest")
         seen.add(record.id)
-        name = record.tensor
-        if name is not None:
-            if name not in tensors:
-                raise BundleError(f"record {record.id!r} names tensor {name!r}, which the file does not hold")
-            stored = list(tensors[name].shape)
-            if same_shape and stored != list(record.shape):
+        _check_record(record, tensors, same_shape)
+
+
+def _check_record(record: Record, tensors: Mapping[str, TensorInfo], same_shape: bool) -> None:
+    """A record against the tensors it names."""
+    name = record.tensor
+    if name is not None:
+        info = tensors.get(name)  # a TensorTable or a dict
+        if info is None:
+            raise BundleError(f"record {record.id!r} names tensor {name!r}, which the file does not hold")
+        stored = list(info.shape)
+        if stored != record.shape:
+            if same_shape:
                 raise BundleError(f"record {record.id!r}: shape {record.shape} differs from tensor {name!r} "
                                   f"{stored} (format 1.0 needs the same shape; 1.1 allows an equal-size reshape)")
-            if stored != list(record.shape) and math.prod(stored) != math.prod(record.shape):
+            if math.prod(stored) != math.prod(record.shape):
                 raise BundleError(f"record {record.id!r}: shape {record.shape} has {math.prod(record.shape)} elements, "
                                   f"tensor {name!r} has shape {stored} ({math.prod(stored)} elements)")
-            want = RECORD_DTYPE_TAG.get(record.dtype, "F32" if record.dtype.startswith("q") else None)
-            if want is not None and tensors[name].dtype != want:
-                raise BundleError(f"record {record.id!r} is {record.dtype} but tensor {name!r} is stored as "
-                                  f"{tensors[name].dtype} (expected {want})")
-        for name in record.input_tensors or []:
-            if name is not None and name not in tensors:
-                raise BundleError(f"record {record.id!r} names input tensor {name!r}, which the file does not hold")
+        want = RECORD_DTYPE_TAG.get(record.dtype, "F32" if record.dtype.startswith("q") else None)
+        if want is not None and info.dtype != want:
+            raise BundleError(f"record {record.id!r} is {record.dtype} but tensor {name!r} is stored as "
+                              f"{info.dtype} (expected {want})")
+    for name in record.input_tensors or []:
+        if name is not None and name not in tensors:
+            raise BundleError(f"record {record.id!r} names input tensor {name!r}, which the file does not hold")

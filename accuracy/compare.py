@@ -11,29 +11,37 @@ from __future__ import annotations
 
 import math
 import os
-
-import numpy as np
-from pathlib import Path
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
-from accuracy.align import Pair, Unmatched, align, align_by_key, same_elements
+import numpy as np
+
+from accuracy.align import Pair, PairList, Unmatched, align_bundles, same_elements
 from accuracy.bands import BandCheck, BandConfig, History, bands_for, benjamini_hochberg
 from accuracy.budgets import DTYPE_MAX, Budget, BudgetPolicy, auxiliary_output, judged_dtype, precision_trap, reduction_length
 from accuracy.bundle import Bundle
 from accuracy.errors import BundleError, OpbandError
-from accuracy.divergence import dataflow, mark_first_divergence
+from accuracy.divergence import BundleDataflow, mark_first_divergence
 from accuracy.fingerprints import ParameterDifference, input_difference, parameter_differences
 from accuracy.manifest import Record, shape_signature
+from accuracy.records import KINDS, RecordIndex
 from accuracy.metrics import Metrics, compare_arrays, compare_discrete, compare_stats, is_float_dtype
 from accuracy.verdicts import (
     TABLE_ORDER, VERDICT_ORDER, judge_bands, judge_budget, judge_golden, judge_nonfinite_history, worst_verdict,
 )
 
 MODES = ("propagated", "replay", "golden")
-__all__ = ["MODES", "VERDICT_ORDER", "ComparisonPlan", "ComparisonReport", "OpResult", "compare", "conclude", "judge",
-           "judge_range", "plan_comparison", "target_name", "worst_verdict"]
+__all__ = ["MODES", "VERDICT_ORDER", "ComparisonPlan", "ComparisonReport", "OpResult", "Tally", "compare", "conclude",
+           "judge", "judge_range", "judge_streamed", "plan_comparison", "target_name", "worst_verdict"]
+
+#: Comparisons of more aligned pairs than this keep passing results as counts only (see :class:`Tally`).
+KEEP_ALL_RESULTS = 100_000
+#: Pairs judged per batch by :func:`judge_streamed`.
+JUDGE_BATCH = 4096
 
 
 @dataclass
@@ -111,6 +119,12 @@ class ComparisonReport:
     history: dict[str, Any] | None = None
     parameters: list[ParameterDifference] = field(default_factory=list)  # parameters that differ: findings
     notes: list[str] = field(default_factory=list)  # what was not judged, and why
+    passes_not_listed: int = 0  # a large comparison lists its passing ops only in ``counts``
+
+    @property
+    def total_ops(self) -> int:
+        """Every judged op and unmatched record, listed in ``ops`` or not."""
+        return len(self.ops) + self.passes_not_listed
 
     def __bool__(self) -> bool:
         return self.verdict != "fail"
@@ -142,14 +156,20 @@ def compare(
     history: History | Mapping[Any, Any] | Iterable[Mapping[str, Any]] | str | os.PathLike[str] | None = None,
     band_config: BandConfig | None = None,
     target_id: str | None = None,
+    on_pass: Callable[[list[OpResult]], None] | None = None,
 ) -> ComparisonReport:
     """Compare two bundles op by op and return the report the CLI, API and gate all render.
 
     ``golden``: the fp64 recomputation bundle (required in golden mode). ``history``: accepted
     past results (see docs/bands.md); ``target_id`` names the target they were kept for.
+    A comparison of more than ``KEEP_ALL_RESULTS`` pairs keeps memory flat: its plain passing results
+    are counted (``report.passes_not_listed``), not listed in ``report.ops``, and handed in batches to
+    ``on_pass`` when given (they are final: e.g. to store every op's row as it comes).
     """
     plan = plan_comparison(reference, target, mode=mode, budgets=budgets, golden=golden, history=history,
                            band_config=band_config, target_id=target_id)
+    if len(plan.pairs) > KEEP_ALL_RESULTS and not _parameter_diffs(plan)[0]:
+        return conclude(plan, judge_streamed(plan, progress, on_pass))
     return conclude(plan, judge_range(plan, 0, len(plan.pairs), progress))
 
 
@@ -164,7 +184,7 @@ class ComparisonPlan:
     gold: Bundle | None
     mode: str
     replayed: bool
-    pairs: list[Pair]
+    pairs: Sequence[Pair]  # a PairList: positions into both bundles, each Pair read when asked for
     unmatched: list[Unmatched]
     context: _Context
 
@@ -205,15 +225,15 @@ def plan_comparison(
         raise OpbandError(
             f"the two runs had different inputs: {different}. Every op would differ alike; capture both runs "
             "on the same inputs (same SPEC, seed and data) and compare again")
-    ref_records = ref.records
+    ref_sel = np.arange(ref.index.count)
     if replayed:  # a replay re-runs the reference's ops only: records of kinds it never produces (module
         # outputs) have no counterpart; an op sweep's targets re-run its aten and api (torch.*) cases
-        kinds = {t.kind for t in tgt.records} - {"module", "grad"} or {"aten"}
-        ref_records = [r for r in ref.records if r.kind in kinds]
+        kinds = {KINDS[k] for k in np.unique(tgt.index.kind)} - {"module", "grad"} or {"aten"}
+        ref_sel = ref_sel[np.isin(ref.index.kind, [KINDS.index(k) for k in kinds])]
     if blocks:  # a compiled target records its blocks' outputs, not what runs inside them
-        ref_records = [r for r in ref_records if not inside_compiled(r, blocks)]
-    pairs, unmatched = (align_by_key if replayed else align)(ref_records, tgt.records)
-    if not pairs:
+        ref_sel = ref_sel[~_inside_compiled_mask(ref.index, blocks)[ref_sel]]
+    pairs, unmatched = align_bundles(ref, ref_sel, tgt, np.arange(tgt.index.count), by_key=replayed)
+    if not len(pairs):
         raise OpbandError(
             f"nothing to compare: the reference holds {len(ref.records)} records and the target "
             f"{len(tgt.records)}, and none of them align. Capture both runs from the same model code "
@@ -229,41 +249,120 @@ def judge_range(plan: ComparisonPlan, start: int, stop: int,
     :func:`conclude` applies to the whole); ``progress(done, total)`` after each pair."""
     results: list[OpResult] = []
     total = stop - start
-    for i, pair in enumerate(plan.pairs[start:stop]):
-        results.append(plan.context.judge_pair(pair))
+    for i, k in enumerate(range(start, stop)):
+        results.append(plan.context.judge_pair(plan.pairs[k]))
         if progress:
             progress(i + 1, total)
     return results
 
 
-def conclude(plan: ComparisonPlan, results: list[OpResult]) -> ComparisonReport:
-    """The report from the judged results of all of ``plan.pairs``, in order: FDR control over the banded
-    ops, the unmatched records, the first divergence, parameter findings and the counts."""
-    if len(results) != len(plan.pairs):
-        raise ValueError(f"{len(results)} results for {len(plan.pairs)} aligned pairs: judge every range first")
+@dataclass
+class Tally:
+    """Judged results of a large comparison, kept in flat memory: every result that is not a plain pass
+    (failing, warning, new, banded — FDR needs those —, with a finding or a layout note, or an auxiliary
+    output out of budget) in full, and the plain passes as counts. :func:`conclude` takes it in place
+    of the result list; the report then lists the plain passes in ``counts`` only."""
+
+    kept: list[OpResult] = field(default_factory=list)
+    judged: int = 0
+    passes: int = 0  # plain passes, not kept
+    on_pass: Callable[[list[OpResult]], None] | None = None  # gets each batch's plain passes (final results)
+
+    def add(self, results: Iterable[OpResult]) -> None:
+        passed: list[OpResult] = []
+        for r in results:
+            self.judged += 1
+            if r.verdict == "pass" and not (r.bands or r.finding or r.layouts or (r.auxiliary and r.reason.startswith("auxiliary"))):
+                passed.append(r)
+            else:
+                self.kept.append(r)
+        self.passes += len(passed)
+        if self.on_pass is not None and passed:
+            self.on_pass(passed)
+
+
+def judge_streamed(plan: ComparisonPlan, progress: Callable[[int, int], None] | None = None,
+                   on_pass: Callable[[list[OpResult]], None] | None = None) -> Tally:
+    """:func:`judge_range` over every pair, in batches, into a :class:`Tally` (memory flat in the number
+    of passing ops); ``progress(done, total)`` after each batch."""
+    tally = Tally(on_pass=on_pass)
+    total = len(plan.pairs)
+    for start in range(0, total, JUDGE_BATCH):
+        tally.add(judge_range(plan, start, min(total, start + JUDGE_BATCH)))
+        if start // JUDGE_BATCH % 4 == 3:  # every ~16k pairs: the bundles' pages read so far leave the resident set
+            for b in (plan.ref, plan.tgt, plan.gold):
+                if b is not None:
+                    b.release_pages()
+        if progress:
+            progress(tally.judged, total)
+    return tally
+
+
+def conclude(plan: ComparisonPlan, results: list[OpResult] | Tally) -> ComparisonReport:
+    """The report from the judged results of all of ``plan.pairs``, in order (or their :class:`Tally`):
+    FDR control over the banded ops, the unmatched records, the first divergence, parameter findings
+    and the counts."""
+    judged = results.judged if isinstance(results, Tally) else len(results)
+    if judged != len(plan.pairs):
+        raise ValueError(f"{judged} results for {len(plan.pairs)} aligned pairs: judge every range first")
     ref, tgt, gold, mode, replayed = plan.ref, plan.tgt, plan.gold, plan.mode, plan.replayed
-    pairs, unmatched, cfg, hist = plan.pairs, plan.unmatched, plan.context.config, plan.context.history
+    unmatched, cfg, hist = plan.unmatched, plan.context.config, plan.context.history
     tname = plan.context.target
-    results = list(results)
+    passes = results.passes if isinstance(results, Tally) else 0
+    results = list(results.kept if isinstance(results, Tally) else results)
     _apply_fdr(results, cfg)
     results += [_unmatched_result(u) for u in unmatched]
     local_everywhere = mode == "replay" or (mode == "golden" and replayed)
-    # results are keyed by the reference's record ids; a sequence-aligned pair has another id in the
-    # target, so the target's graph is translated before it is read
-    alias = {p.target.id: p.reference.id for p in pairs if p.target.id != p.reference.id}
-    graph = {alias.get(k, k): [alias.get(i, i) for i in v] for k, v in dataflow(tgt.records).items()}
-    first = mark_first_divergence(results, local_everywhere, graph)
-    diffs, note = ([], None) if replayed else parameter_differences(
-        ref.manifest.fingerprints, tgt.manifest.fingerprints, tgt.manifest.variant)
+    first = mark_first_divergence(results, local_everywhere, _dataflow(plan),
+                                  _paired_reference_ids(plan) if passes else None)
+    diffs, note = _parameter_diffs(plan)
     first = _parameter_divergence(results, diffs) or first
-    counts = {v: sum(1 for r in results if r.verdict == v) for v in VERDICT_ORDER}
+    counts = Counter(r.verdict for r in results)
+    counts["pass"] += passes
+    notes = [note] if note else []
+    if passes:
+        notes.append(f"{passes:,} of {judged:,} ops passed and are counted, not listed one by one (a comparison of "
+                     f"more than {KEEP_ALL_RESULTS:,} ops lists the others)")
     return ComparisonReport(
         reference=_side(ref), target=_side(tgt), mode=mode, ops=results, unmatched=unmatched,
-        first_divergence=first, verdict=worst_verdict([r.verdict for r in results]), counts=counts,
+        first_divergence=first, verdict=worst_verdict([v for v in VERDICT_ORDER if counts[v]]),
+        counts={v: counts[v] for v in VERDICT_ORDER},
         golden=_side(gold) if gold is not None else None,
         history={"target": tname, "ops_with_bands": sum(1 for r in results if r.bands)} if hist is not None else None,
-        parameters=diffs, notes=[note] if note else [],
+        parameters=diffs, notes=notes, passes_not_listed=passes,
     )
+
+
+def _parameter_diffs(plan: ComparisonPlan) -> tuple[list[ParameterDifference], str | None]:
+    if plan.replayed:
+        return [], None
+    return parameter_differences(plan.ref.manifest.fingerprints, plan.tgt.manifest.fingerprints,
+                                 plan.tgt.manifest.variant)
+
+
+def _dataflow(plan: ComparisonPlan) -> BundleDataflow:
+    """The target's dataflow graph keyed like the results (by the reference's record ids: a
+    sequence-aligned pair has another id in the target, so the target's ids are translated)."""
+    pairs = plan.pairs
+    aligned = pairs.sequence_aligned() if isinstance(pairs, PairList) else iter(pairs)
+    alias = {p.target.id: p.reference.id for p in aligned if p.target.id != p.reference.id}
+    return BundleDataflow(plan.tgt, alias)
+
+
+def _paired_reference_ids(plan: ComparisonPlan) -> Callable[[str], bool]:
+    """Whether an id is a paired reference record's (so it was measured) — for results not kept."""
+    pairs = plan.pairs
+    if not isinstance(pairs, PairList):
+        ids = {p.reference.id for p in pairs}
+        return ids.__contains__
+    paired = np.zeros(plan.ref.index.count, dtype=bool)
+    paired[pairs.ref_pos] = True
+
+    def measured(rid: str) -> bool:
+        p = plan.ref.position(rid)
+        return p is not None and bool(paired[p])
+
+    return measured
 
 
 #: Below this share of the reference's modules found in the target, two runs are not the same model.
@@ -275,8 +374,10 @@ def _check_same_model(ref: Bundle, tgt: Bundle, replayed: bool, blocks: list[str
     Modules inside a compiled target's blocks are not observable there, so they are not counted."""
     if replayed:
         return
-    mods_r = {r.module for r in ref.records if r.kind == "module" and not (blocks and inside_compiled(r, blocks))}
-    mods_t = {r.module for r in tgt.records if r.kind == "module"}
+    ri, ti, mk = ref.index, tgt.index, KINDS.index("module")
+    seen_r = (ri.kind == mk) & ~_inside_compiled_mask(ri, blocks) if blocks else ri.kind == mk
+    mods_r = {ri.modules[c] for c in np.unique(ri.module[seen_r])}
+    mods_t = {ti.modules[c] for c in np.unique(ti.module[ti.kind == mk])}
     if len(mods_r) < 2 or not mods_t:
         return
     shared = mods_r & mods_t
@@ -323,6 +424,18 @@ def inside_compiled(r: Record, blocks: Iterable[str]) -> bool:
         if r.module.startswith(b + ".") or (r.module == b and r.kind != "module"):
             return True
     return False
+
+
+def _inside_compiled_mask(index: RecordIndex, blocks: Iterable[str]) -> np.ndarray:
+    """:func:`inside_compiled` for every record of an index (decided once per module and kind)."""
+    blocks = list(blocks)
+    as_module = np.array([inside_compiled(SimpleNamespace(kind="module", module=m), blocks)  # type: ignore[arg-type]
+                          for m in index.modules], dtype=bool).reshape(-1)
+    as_op = np.array([inside_compiled(SimpleNamespace(kind="aten", module=m), blocks)  # type: ignore[arg-type]
+                      for m in index.modules], dtype=bool).reshape(-1)
+    if not index.count:
+        return np.zeros(0, dtype=bool)
+    return np.where(index.kind == KINDS.index("module"), as_module[index.module], as_op[index.module])
 
 
 def is_golden(b: Bundle) -> bool:

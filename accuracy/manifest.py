@@ -1,4 +1,8 @@
-"""The bundle manifest schema (version 1): run metadata, environment and one record per tensor."""
+"""The bundle manifest schema: run metadata, environment and one record per tensor.
+
+Format 1.x keeps the records in the manifest; format 2.0 keeps them as JSON lines in a tensor of
+the bundle (``RecordsRef`` says which, and how many), so a bundle may hold millions of them.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +14,10 @@ from accuracy.errors import BundleError
 from accuracy.strictjson import loads_strict
 
 FORMAT_NAME = "opband.bundle"
-FORMAT_VERSION = "1.2"
-SUPPORTED_MAJOR = 1
+FORMAT_VERSION = "2.0"
+SUPPORTED_MAJOR = 2
+#: the newest minor version this reader knows, per major version it reads (1.x: records in the manifest)
+KNOWN_MINOR = {1: 2, 2: 0}
 
 RecordKind = Literal["module", "aten", "api", "grad"]
 
@@ -193,10 +199,10 @@ class Manifest(BaseModel):
     @classmethod
     def _version(cls, v: str) -> str:
         major = v.split(".", 1)[0]
-        if not major.isdigit() or int(major) != SUPPORTED_MAJOR:
+        if not major.isdigit() or int(major) not in KNOWN_MINOR:
             raise ValueError(
-                f"bundle format version {v!r} is not supported (this reader reads {SUPPORTED_MAJOR}.x); "
-                "upgrade opband to read it"
+                f"bundle format version {v!r} is not supported (this reader reads "
+                f"{', '.join(f'{m}.x' for m in KNOWN_MINOR)}); upgrade opband to read it"
             )
         return v
 
@@ -241,38 +247,105 @@ def shape_signature(shapes: list[list[int] | None]) -> str:
     return ",".join("-" if s is None else "x".join(map(str, s)) or "scalar" for s in shapes)
 
 
-SUPPORTED_MINOR = int(FORMAT_VERSION.split(".")[1])
+SUPPORTED_MINOR = KNOWN_MINOR[SUPPORTED_MAJOR]
 
 
-def _newer_minor(version: Any) -> bool:
+def _major(version: Any) -> int | None:
+    head = str(version).split(".", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def newer_minor(version: Any) -> bool:
+    """A version of a major this reader knows, with a newer minor: unknown fields are ignored."""
     parts = str(version).split(".")
-    return (len(parts) == 2 and all(p.isdigit() for p in parts) and int(parts[0]) == SUPPORTED_MAJOR
-            and int(parts[1]) > SUPPORTED_MINOR)
+    return (len(parts) == 2 and all(p.isdigit() for p in parts) and int(parts[0]) in KNOWN_MINOR
+            and int(parts[1]) > KNOWN_MINOR[int(parts[0])])
+
+
+def _keep_known(d: Any, model: type[BaseModel]) -> Any:
+    return {k: v for k, v in d.items() if k in model.model_fields} if isinstance(d, dict) else d
+
+
+def _drop_unknown_record_fields(r: Any) -> Any:
+    r = _keep_known(r, Record)
+    if isinstance(r, dict) and isinstance(r.get("stats"), dict):
+        r["stats"] = _keep_known(r["stats"], Stats)
+    return r
 
 
 def _drop_unknown_fields(data: dict[str, Any]) -> dict[str, Any]:
     """A newer minor version may add optional fields: readers ignore them (docs/bundle-format.md)."""
-    def keep(d: Any, model: type[BaseModel]) -> Any:
-        return {k: v for k, v in d.items() if k in model.model_fields} if isinstance(d, dict) else d
-
-    out = keep(data, Manifest)
-    records = out.get("records")
-    if isinstance(records, list):
-        out["records"] = [keep(r, Record) for r in records]
-        for r in out["records"]:
-            if isinstance(r, dict) and isinstance(r.get("stats"), dict):
-                r["stats"] = keep(r["stats"], Stats)
+    out = _keep_known(data, Manifest)
+    if isinstance(out.get("records"), list):
+        out["records"] = [_drop_unknown_record_fields(r) for r in out["records"]]
     return out
 
 
+class RecordsRef(BaseModel):
+    """Format 2.0: where a bundle's records are (``manifest.records``): a U8 tensor of JSON lines."""
+
+    model_config = ConfigDict(extra="forbid")
+    tensor: str = Field(min_length=1, max_length=4096)
+    count: int = Field(ge=0)
+
+
+def _schema_error(e: ValidationError, what: str) -> BundleError:
+    first = e.errors()[0]
+    where = ".".join(str(p) for p in first["loc"])
+    return BundleError(f"{what} field {where or '(root)'}: {first['msg']} ({e.error_count()} problem(s) in all)")
+
+
 def parse_manifest(text: str) -> Manifest:
-    """Parse manifest JSON, turning every schema problem into one readable BundleError."""
+    """Parse a 1.x manifest (records inside) into one Manifest; every problem one readable BundleError."""
+    manifest, ref = parse_manifest_head(text)
+    if ref is not None:
+        raise BundleError("this manifest keeps its records in a tensor (format 2.0): open the bundle with Bundle.open")
+    return manifest
+
+
+def parse_manifest_head(text: str) -> tuple[Manifest, RecordsRef | None]:
+    """Parse manifest JSON. 1.x: the Manifest with its records, and None. 2.x: the Manifest without
+    records, and where they are (``{"tensor": ..., "count": ...}`` in place of the record list)."""
     data = loads_strict(text, "manifest")
-    if isinstance(data, dict) and _newer_minor(data.get("format_version")):
+    ref: RecordsRef | None = None
+    if isinstance(data, dict) and _major(data.get("format_version")) == 2:
+        raw = data.pop("records", None)
+        if not isinstance(raw, dict):
+            raise BundleError("manifest field records: a format 2 manifest names its records tensor "
+                              '({"tensor": NAME, "count": N}), it does not list them')
+        try:
+            ref = RecordsRef.model_validate(raw)
+        except ValidationError as e:
+            raise _schema_error(e, "manifest records") from None
+    if isinstance(data, dict) and newer_minor(data.get("format_version")):
         data = _drop_unknown_fields(data)
     try:
-        return Manifest.model_validate(data)
+        return Manifest.model_validate(data), ref
     except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise BundleError(f"manifest field {where or '(root)'}: {first['msg']} ({e.error_count()} problem(s) in all)") from e
+        raise _schema_error(e, "manifest") from e
+
+
+def parse_record(line: bytes | str, newer: bool = False, where: str = "record") -> Record:
+    """One record from its JSON (format 2.0: one line of the records tensor), strict JSON as for the
+    manifest; ``newer``: the bundle's minor version is newer than this reader's (unknown fields dropped).
+
+    A line exactly as opband writes it (``model_dump_json(exclude_none=True)`` of what it parses to) is
+    strict JSON by construction: it is parsed in one call; any other line takes the strict path."""
+    if not newer:
+        try:
+            record = Record.model_validate_json(line)
+        except ValidationError:
+            pass  # the strict path below says what is wrong
+        else:
+            dumped = record.model_dump_json(exclude_none=True)
+            if dumped.encode() == line if isinstance(line, bytes) else dumped == line:
+                return record
+    data = loads_strict(line, where)
+    if not isinstance(data, dict):
+        raise BundleError(f"{where} must be a JSON object")
+    if newer:
+        data = _drop_unknown_record_fields(data)
+    try:
+        return Record.model_validate(data)
+    except ValidationError as e:
+        raise _schema_error(e, where) from None

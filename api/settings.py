@@ -47,9 +47,13 @@ class Settings(BaseSettings):
         "shards per sharded comparison: a few per worker balances the load (each shard re-opens the bundles)"))
     max_upload_bytes: int = Field(default=8 << 30, ge=1, description="uploads beyond this get 413")
     max_json_bytes: int = Field(default=1 << 20, ge=1, description="JSON request bodies beyond this get 413, unread")
-    max_manifest_bytes: int = Field(default=128 << 20, ge=1, description=(
-        "a bundle whose manifest (header) is larger gets 413 before it is parsed"))
-    max_records: int = Field(default=500_000, ge=1, description="bundles with more records than this get 413")
+    max_manifest_bytes: int = Field(default=1 << 30, ge=1, description=(
+        "a bundle whose header (tensor table and manifest) and records together are larger gets 413 before "
+        "they are parsed (format 2.0 validates records streaming, in flat memory; the header alone is capped "
+        "at 100 MB by the format)"))
+    max_records: int = Field(default=2_000_000, ge=1, description=(
+        "bundles that say they hold more records than this get 413 before they are read (format 2.0 bundles "
+        "are validated and ingested streaming, in flat memory: this bounds time and op_records rows)"))
     upload_idle_seconds: float = Field(default=30.0, gt=0, description=(
         "an upload that sends nothing for this long is dropped (408) and its temp file removed"))
     min_free_bytes: int = Field(default=100 << 20, ge=0, description=(

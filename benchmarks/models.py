@@ -1,6 +1,7 @@
 """Models the benchmarks time: ``transformers`` Llama-style decoders with random weights (no download).
 
-``llama-small`` (4 layers, width 256, 256 tokens: ~20 ms per forward on one core, ~400 ATen ops
+``llama-tiny`` has llama-small's ops on tensors of a few hundred elements: capture's per-op
+fixed cost alone. ``llama-small`` (4 layers, width 256, 256 tokens: ~20 ms per forward on one core, ~400 ATen ops
 that move numbers, most of them small) shows per-op fixed costs; ``llama-mid`` (4 layers, width
 768, 128 tokens: ~100 ms) is a real size, where the statistics' memory traffic and the write
 dominate. ``demo`` is ``hooks.demo_model.build_large``.
@@ -13,6 +14,8 @@ from typing import Any
 import torch
 
 SIZES: dict[str, dict[str, int]] = {
+    "llama-tiny": {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 4,
+                   "num_attention_heads": 2, "seq": 8},
     "llama-small": {"vocab_size": 1000, "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4,
                     "num_attention_heads": 4, "seq": 256},
     "llama-mid": {"vocab_size": 4000, "hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 4,

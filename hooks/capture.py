@@ -158,6 +158,7 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
         with self.paused():
             key, ordinal = rec.next_key(module, op)
             if rec.wants(module, op):
+                rec.trusted = False  # the caller's names and kind: finish() validates every record
                 rec.record(kind, module, op, key, ordinal, tensor, [tensor])
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:

@@ -3,6 +3,7 @@ TorchDispatchMode (``aten``). Each hands what it sees to the :class:`~hooks.reco
 
 from __future__ import annotations
 
+from types import CodeType
 from typing import Any
 
 import torch
@@ -13,13 +14,21 @@ from torch.utils._pytree import tree_leaves
 from hooks.distributed import landed
 from hooks.opcall import NotReplayable, draws_random_numbers, encode_call, layouts_of, op_target
 from hooks.recorder import Recorder
-from hooks.tensors import NO_NUMBER_OPS
+from hooks.tensors import NO_NUMBER_OPS, fast_leaves
 
 _NO_NUMBER_API = frozenset(op.removeprefix("aten.") for op in NO_NUMBER_OPS) | {
     "__getitem__", "__get__", "size", "dim", "numel", "stride", "data_ptr", "storage_offset", "is_contiguous",
     "element_size", "tolist", "__len__", "__iter__", "__format__", "__repr__", "__bool__", "__index__", "__hash__",
 }
 
+
+_NO_KWARGS: dict[str, Any] = {}  # never written to: an ATen call's kwargs are only read
+
+#: what every call of one op overload shares, learnt at its first call, for every capture of the
+#: process; by ``skip_no_number_ops``, then by ``id(overload)`` (``OpOverload`` hashes in Python;
+#: the entry holds the overload, so its id is never reused): (name, skip, mutates, the callable to
+#: run, whether outputs land asynchronously (c10d), the overload)
+_OP_FACTS: dict[bool, dict[int, tuple[str, bool, bool, Any, bool, Any]]] = {True: {}, False: {}}
 
 #: torch.distributed's op namespaces: treated as writes (see AtenMode._mutable)
 COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional"})
@@ -37,43 +46,74 @@ def in_backward() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
+def _untraced(code: CodeType) -> bool:
+    """Have TorchDynamo skip ``code`` and every frame it calls, as ``torch._disable_dynamo`` (which
+    ``TorchDispatchMode`` wraps each ``__torch_dispatch__`` in) does with two more Python frames and
+    three ``set_eval_frame`` calls per call, ~2 us per dispatch. Without it, a ``torch.compile``'d
+    function called inside a capture would compile the handler itself. False where this torch has
+    no such switch (then the wrapper stays)."""
+    try:
+        from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
+
+        set_code_exec_strategy(code, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
+    except (ImportError, AttributeError, TypeError, RuntimeError):
+        return False
+    return True
+
+
 class AtenMode(TorchDispatchMode):
     """Records every ATen op that moves numbers, tagged with the innermost module path."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """Asked once, when the class is made: wrap ``__torch_dispatch__`` only if it cannot be marked."""
+        return not _untraced(cls.__dict__["__torch_dispatch__"].__code__)
 
     def __init__(self, recorder: Recorder) -> None:
         super().__init__()
         self.recorder = recorder
-        self._names: dict[Any, tuple[str, bool]] = {}
-        self._mutates: dict[Any, bool] = {}
-        self._info: dict[Any, tuple[str, bool, bool]] = {}
+        self._info = _OP_FACTS[recorder.opts.skip_no_number_ops]
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
+        if kwargs is None:
+            kwargs = _NO_KWARGS
         rec = self.recorder
-        try:
-            plan = self._plan(func, args, kwargs)
-        except Exception as e:  # noqa: BLE001 - capture must never break the user's run
-            rec.diagnose(None, e)
-            plan = None
-        out = func(*args, **kwargs)
-        if plan is not None:
-            rec.record("aten", *plan[:4], landed(out) if func.namespace == "c10d" else out, *plan[4:])
-        return out
-
-    def _plan(self, func: Any, args: tuple, kwargs: dict) -> tuple[Any, ...] | None:
-        """What to record for this call (module, op, key, ordinal, inputs …), or None to let it pass."""
-        rec = self.recorder
-        info = self._info.get(func)
-        if info is None:  # per op overload, once: (name, skip, mutates)
-            info = self._info[func] = (*(self._names.get(func) or self._classify(func)), self._mutable(func))
-        name, skip, mutates = info
+        info = self._info.get(id(func))
+        if info is None:
+            try:
+                info = self._learn(func)
+            except Exception as e:  # noqa: BLE001 - capture must never break the user's run
+                rec.diagnose(None, e)
+                return func(*args, **kwargs)
+        name, skip, mutates, call, lands, _ = info
         if mutates:
             rec.stats.epoch += 1  # earlier statistics no longer describe memory this op writes
         if rec.busy or not rec.active:
-            return None
-        if skip:
+            return call(*args, **kwargs)
+        if skip:  # views, metadata, allocation: counted, nothing else (~40% of a decoder's calls)
             rec.skipped[name] += 1
-            return None
+            return call(*args, **kwargs)
+        try:
+            plan = self._plan(func, name, mutates, args, kwargs)
+        except Exception as e:  # noqa: BLE001 - capture must never break the user's run
+            rec.diagnose(None, e)
+            plan = None
+        out = call(*args, **kwargs)
+        if plan is not None:
+            rec.record("aten", *plan[:4], landed(out) if lands else out, *plan[4:])
+        return out
+
+    def _learn(self, func: Any) -> tuple[str, bool, bool, Any, bool, Any]:
+        """What every call of this op overload shares: its name, whether it is skipped, whether it
+        writes in place; and ``func._op``, the C++ callable ``OpOverload.__call__`` forwards to."""
+        name, skip = self._classify(func)
+        call = func._op if type(func) is torch._ops.OpOverload else func
+        info = self._info[id(func)] = (name, skip, self._mutable(func), call, func.namespace == "c10d", func)
+        return info
+
+    def _plan(self, func: Any, name: str, mutates: bool, args: tuple, kwargs: dict) -> tuple[Any, ...] | None:
+        """What to record for this call (module, op, key, ordinal, inputs …), or None to let it pass."""
+        rec = self.recorder
         if torch._C._current_graph_task_id() != -1:  # in_backward(), inlined: this runs for every op
             rec.skipped[f"(backward) {name}"] += 1
             return None
@@ -91,17 +131,13 @@ class AtenMode(TorchDispatchMode):
         """Whether the op may write into existing memory. Collectives count too: c10d's in-place ones
         (``allreduce_``, ``broadcast_`` …) declare no mutation in their schemas, and their results
         land asynchronously."""
-        m = self._mutates.get(func)
-        if m is None:
-            m = self._mutates[func] = bool(func._schema.is_mutable) or func.namespace in COLLECTIVE_NAMESPACES
-        return m
+        return bool(func._schema.is_mutable) or func.namespace in COLLECTIVE_NAMESPACES
 
     def _classify(self, func: Any) -> tuple[str, bool]:
         name = str(func.overloadpacket)
         skip = self.recorder.opts.skip_no_number_ops and (name in NO_NUMBER_OPS or bool(getattr(func, "is_view", False)))
         if func.namespace in COLLECTIVE_NAMESPACES and func.namespace != "c10d" and not name.endswith("wait_tensor"):
             skip = True  # functional collectives: the result is recorded at its wait_tensor, once it has landed
-        self._names[func] = (name, skip)
         return name, skip
 
     def _inputs(self, func: Any, key: str, args: tuple, kwargs: dict) -> list[str | None] | None:
@@ -234,9 +270,8 @@ class ModuleHooks:
             with _quiet():
                 key, ordinal = rec.next_key(name, "forward")
                 rec.ops_seen += 1
-                if rec.wants(name, "forward"):
-                    in_tensors = [a for a in tree_leaves(args) if isinstance(a, torch.Tensor)]
-                    rec.record("module", name, "forward", key, ordinal, output, in_tensors)
+                if not (rec._module_globs or rec._op_globs) or rec.wants(name, "forward"):
+                    rec.record("module", name, "forward", key, ordinal, output, fast_leaves(args))
                 if rec.opts.backward and torch.is_grad_enabled():
                     self._watch_grads(name, output)
         except Exception as e:  # noqa: BLE001

@@ -38,6 +38,8 @@ _TAGS = {
 }
 _RAW_VIEW = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8, torch.float8_e5m2: torch.uint8}
 _COMPLEX = {torch.complex64: torch.float32, torch.complex128: torch.float64}
+#: dtypes whose bytes are stored as they are: dtype -> (tag, dtype name)
+_AS_IS = {d: (tag, str(d).removeprefix("torch.")) for d, tag in _TAGS.items() if d not in _RAW_VIEW}
 SAMPLE_SIZE = 16
 STAT_FIELDS = ("numel", "min", "max", "mean", "std", "l2", "absmax", "nan", "inf", "zeros")
 
@@ -49,23 +51,39 @@ def version_of(t: torch.Tensor) -> int | None:
     return t._version
 
 
-_DTYPE_NAMES: dict[torch.dtype, str] = {}
+#: dtype -> name without the ``torch.`` prefix, filled by :func:`tensor_dtype_name`
+DTYPE_NAMES: dict[torch.dtype, str] = {}
 
 
 def tensor_dtype_name(t: torch.Tensor) -> str:
     """``float32``, ``bfloat16``, ``qint8`` …: the dtype name without the ``torch.`` prefix."""
-    name = _DTYPE_NAMES.get(t.dtype)
+    name = DTYPE_NAMES.get(t.dtype)
     if name is None:
-        name = _DTYPE_NAMES[t.dtype] = str(t.dtype).removeprefix("torch.")
+        name = DTYPE_NAMES[t.dtype] = str(t.dtype).removeprefix("torch.")
     return name
 
 
 def fast_leaves(tree: Any) -> list[torch.Tensor]:
-    """The tensor leaves of ``tree`` in ``tree_leaves`` order; tuples and lists of tensors (ATen
-    outputs) without the generic pytree walk, which also handles every other registered node."""
-    if type(tree) in (tuple, list) and all(type(t) is torch.Tensor for t in tree):
-        return list(tree)
+    """The tensor leaves of ``tree`` in ``tree_leaves`` order. A tensor, or a tuple or list of
+    tensors and plain scalars (ATen outputs, most modules' arguments) without the generic pytree
+    walk, which also handles every other registered node."""
+    kind = type(tree)
+    if kind is torch.Tensor:
+        return [tree]
+    if kind is tuple or kind is list:
+        out = []
+        for t in tree:
+            if type(t) is torch.Tensor:
+                out.append(t)
+            elif type(t) not in _ATOMS:
+                break
+        else:
+            return out
     return [t for t in torch.utils._pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
+
+
+#: leaves that are never pytree nodes and never tensors
+_ATOMS = frozenset({int, float, bool, str, complex, type(None), torch.dtype, torch.device})
 
 
 def unsupported_reason(t: torch.Tensor) -> str | None:
@@ -156,6 +174,9 @@ def stored_payload(t: torch.Tensor) -> Payload:
     """Encode ``t`` (already checked by :func:`unsupported_reason`) for the bundle."""
     if t.requires_grad:
         t = t.detach()
+    as_is = _AS_IS.get(t.dtype)
+    if as_is is not None:  # most tensors: stored as they are
+        return Payload(t, as_is[0], as_is[1], None, t)
     if t.is_quantized:
         qparams: dict[str, Any] = {"qscheme": str(t.qscheme()).removeprefix("torch."), "dtype": tensor_dtype_name(t)}
         if t.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric):
@@ -229,7 +250,9 @@ class StatsBatch:
         if not isinstance(row, list):
             return True
         n = values.numel()
-        idx = _sample_index(n, values.device)
+        if int(row[0]) != n:
+            return False
+        idx = _cpu_sample_index(n)  # host rows are CPU tensors
         name = _KERNEL_DTYPES.get(values.dtype)
         if name is not None and values.is_contiguous():  # by address, without torch ops (~1.5 us, not ~15)
             out = np.empty(idx.numel())
@@ -237,8 +260,8 @@ class StatsBatch:
             live = out.tolist()
         else:
             live = values.reshape(-1).index_select(0, idx).to(torch.float64).tolist()
-        stored = row[len(STAT_FIELDS):][: len(live)]
-        return int(row[0]) == n and all(a == b or (a != a and b != b) for a, b in zip(live, stored, strict=True))
+        stored = row[len(STAT_FIELDS): len(STAT_FIELDS) + len(live)]
+        return live == stored or all(a == b or (a != a and b != b) for a, b in zip(live, stored, strict=True))
 
     @staticmethod
     def _version_key(t: torch.Tensor) -> tuple[Any, torch.Tensor, tuple[Any, ...]] | None:
@@ -264,14 +287,28 @@ class StatsBatch:
 
 
 def _row_dict(vals: list[float]) -> dict[str, Any]:
-    d: dict[str, Any] = dict(zip(STAT_FIELDS, vals[: len(STAT_FIELDS)], strict=True))
-    for k in ("numel", "nan", "inf", "zeros"):
-        d[k] = int(d[k])
-    d["sample"] = vals[len(STAT_FIELDS):][: min(SAMPLE_SIZE, d["numel"])]
-    return d
+    """A statistics row as ``Stats`` fields (counts as ints, the sample cut to ``numel``)."""
+    n = int(vals[0])
+    return {"numel": n, "min": vals[1], "max": vals[2], "mean": vals[3], "std": vals[4], "l2": vals[5],
+            "absmax": vals[6], "nan": int(vals[7]), "inf": int(vals[8]), "zeros": int(vals[9]),
+            "sample": vals[10:10 + min(SAMPLE_SIZE, n)]}
+
+
+assert STAT_FIELDS == ("numel", "min", "max", "mean", "std", "l2", "absmax", "nan", "inf", "zeros")  # _row_dict's order
 
 
 _SAMPLE_INDEX: dict[tuple[int, torch.device], torch.Tensor] = {}
+_CPU_SAMPLE_INDEX: dict[int, torch.Tensor] = {}  # the same for CPU, by numel alone (hashing a device costs)
+_CPU = torch.device("cpu")
+
+
+def _cpu_sample_index(n: int) -> torch.Tensor:
+    idx = _CPU_SAMPLE_INDEX.get(n)
+    if idx is None:
+        if len(_CPU_SAMPLE_INDEX) > 4096:
+            _CPU_SAMPLE_INDEX.clear()
+        idx = _CPU_SAMPLE_INDEX[n] = _sample_index(n, _CPU)
+    return idx
 
 
 def _sample_index(n: int, device: torch.device) -> torch.Tensor:
@@ -305,15 +342,15 @@ def host_stats(values: torch.Tensor) -> list[float]:
     n = x.numel()
     if n == 0:
         return [0.0, math.inf, -math.inf, 0.0, 0.0, 0.0, -math.inf, 0.0, 0.0, 0.0, *([0.0] * SAMPLE_SIZE)]
-    idx = _sample_index(n, x.device)
+    idx = _cpu_sample_index(n)
     if not x.is_contiguous():
         where = _dense_offsets(x)
         if where is None:
             x = x.contiguous()
         else:  # a permuted dense tensor: its memory in storage order (from the data pointer), in one pass
             idx = where
-    out = np.empty(_ROW_LEN)
     if n < fused.PARALLEL_MIN or torch.get_num_threads() == 1:  # the values where they lie, by address
+        out = np.empty(_ROW_LEN)
         fused.ROW_AT[name](x.data_ptr(), n, idx.data_ptr(), idx.numel(), fused.CANCEL[name], out)
     else:
         flat = x.detach().as_strided((n,), (1,))

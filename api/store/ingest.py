@@ -12,7 +12,7 @@ import struct
 import tempfile
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -94,19 +94,40 @@ async def spool(body: AsyncIterator[bytes], temp_dir: Path, limit: int, declared
 class IngestLimits:
     """What one bundle may cost the server (Settings.max_manifest_bytes, max_records)."""
 
-    max_manifest_bytes: int = 128 << 20
-    max_records: int = 500_000
+    max_manifest_bytes: int = 1 << 30
+    max_records: int = 2_000_000
+
+
+_SPLIT = "split the capture (--module/--op filters, fewer steps, or summary mode, which stores no tensors)"
 
 
 def check_header_size(path: Path, limit: int) -> None:
-    """Refuse (413) a bundle whose header (the manifest) is over ``limit`` bytes, before parsing it."""
+    """Refuse (413) a bundle whose header (tensor table and manifest) is over ``limit`` bytes, before
+    parsing it."""
     with open(path, "rb") as f:
         head = f.read(8)
     if len(head) == 8:
         (n,) = struct.unpack("<Q", head)
         if limit < n <= path.stat().st_size - 8:  # a length past the file's end is no bundle at all: the parser says so
-            raise TooLarge(f"the bundle's manifest is {n} bytes; this server parses at most {limit} "
-                           "(OPBAND_MAX_MANIFEST_BYTES): split the capture (--module/--op filters, or summary mode)")
+            raise TooLarge(f"the bundle's header (tensor table and manifest) is {n:,} bytes; this server reads at "
+                           f"most {limit:,} of manifest and records (OPBAND_MAX_MANIFEST_BYTES): {_SPLIT}")
+
+
+def check_records_size(path: Path, limits: IngestLimits) -> int:
+    """Refuse (413) a bundle that says it holds more than ``max_records`` records, or whose header and
+    records (the JSON the server validates; format 2.0 keeps records out of the header) are over
+    ``max_manifest_bytes``, before reading a record. Returns the record count."""
+    try:
+        count, record_bytes, header_bytes = Bundle.peek_records(path)
+    except BundleError as e:
+        raise InvalidInput(f"not a valid opband bundle: {e}") from e
+    if count > limits.max_records:
+        raise TooLarge(f"the bundle has {count:,} records; this server takes at most {limits.max_records:,} per "
+                       f"bundle (OPBAND_MAX_RECORDS): {_SPLIT}")
+    if header_bytes + record_bytes > limits.max_manifest_bytes:
+        raise TooLarge(f"the bundle's manifest and records are {header_bytes + record_bytes:,} bytes; this server "
+                       f"reads at most {limits.max_manifest_bytes:,} (OPBAND_MAX_MANIFEST_BYTES): {_SPLIT}")
+    return count
 
 
 #: op_records rows written per INSERT: bounded memory for bundles of any record count
@@ -129,27 +150,28 @@ class Inspected:
 
 def inspect_bundle(path: Path, records_path: Path, limits: IngestLimits, names: RunNames | None = None) -> Inspected:
     """Open and validate a bundle and write its records' indexed fields to ``records_path`` (one JSON
-    array per line). Parsing a manifest costs memory in proportion to its records: :func:`store_bundle`
-    runs this in a short-lived child process, so that cost never stays in (or grows) the server."""
+    array per line), streaming them: memory stays flat in the number of records (a format 1.x manifest,
+    which holds its records, costs memory in proportion: :func:`store_bundle` runs this in a short-lived
+    child process, so that cost never stays in, or grows, the server)."""
     check_header_size(path, limits.max_manifest_bytes)
+    check_records_size(path, limits)
     try:
-        m = Bundle.open(path).manifest
+        bundle = Bundle.open(path)
     except BundleError as e:
         raise InvalidInput(f"not a valid opband bundle: {e}") from e
-    if len(m.records) > limits.max_records:
-        raise TooLarge(f"the bundle has {len(m.records)} records; this server takes at most {limits.max_records} "
-                       "per bundle (OPBAND_MAX_RECORDS): split the capture (--module/--op filters)")
-    check_record_fields(m.records)
+    m = bundle.manifest
     check_no_nul({"run": m.run, "environment": m.environment})
     try:
         named = m.names_with(names)
     except BundleError as e:
         raise InvalidInput(f"{e}; fix it at capture (--target, --tag) or override it at upload") from e
+    count = 0
     with open(records_path, "w") as f:
-        for r in m.records:
+        for r in check_record_fields(bundle.iter_records()):
             f.write(json.dumps([r.key, r.output, r.op, r.module, r.kind, r.index, r.shape_signature[:1000], r.dtype]))
             f.write("\n")
-    return Inspected(m.run, m.environment, m.variant, m.device, len(m.records), named)
+            count += 1
+    return Inspected(m.run, m.environment, m.variant, m.device, count, named)
 
 
 _POOL_LOCK = threading.Lock()
@@ -244,8 +266,9 @@ def store_bundle(db: Database, store: BlobStore, project: Project | Callable[[],
 RECORD_LIMITS = {"key": 1000, "module": 800, "op": 200, "dtype": 40}
 
 
-def check_record_fields(records: list[Record]) -> None:
-    """Refuse (422) a record whose indexed fields would not fit their columns or hold a NUL, naming it."""
+def check_record_fields(records: Iterable[Record]) -> Iterator[Record]:
+    """The records, each checked as it passes: refuse (422) one whose indexed fields would not fit their
+    columns or hold a NUL, naming it."""
     for r in records:
         for name, limit in RECORD_LIMITS.items():
             value = getattr(r, name)
@@ -257,6 +280,7 @@ def check_record_fields(records: list[Record]) -> None:
                                    "column can hold: fix the capture's names")
         if "\x00" in r.shape_signature:
             raise InvalidInput(f"record {r.key[:80]!r}: its input shapes contain a NUL character")
+        yield r
 
 
 def check_no_nul(value: object, where: str = "") -> None:

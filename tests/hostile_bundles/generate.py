@@ -106,7 +106,7 @@ CASES: dict[str, Callable[[], tuple[bytes, str]]] = {
     "nan_literal": lambda: (header_bytes(b'{"__metadata__":{"format":"opband.bundle"},"x":NaN}'), "NaN"),
     "duplicate_keys_header": lambda: (_dup_key_header(), "duplicate JSON key"),
     "duplicate_keys_manifest": lambda: (_dup_key_manifest(), "duplicate JSON key"),
-    "unknown_major_version": lambda: (bundle(man=manifest(version="2.0")), "not supported"),
+    "unknown_major_version": lambda: (bundle(man=manifest(version="3.0")), "not supported"),
     "garbage_version": lambda: (bundle(man=manifest(version="one")), "not supported"),
     "no_metadata": lambda: (header_bytes({"m/aten.mul#0": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})
                             + b"\x00" * 8, "not an opband bundle"),
