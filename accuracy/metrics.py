@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -128,6 +129,15 @@ class Metrics:
         out = {k: v for k, v in self.__dict__.items() if v is not None}
         return {k: _jsonable(v) for k, v in out.items()}
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Metrics:
+        """The exact inverse of :meth:`as_dict`, also after a JSON round trip: ``"inf"``/``"-inf"``/``"nan"``
+        become floats again, fields left out (None) take their defaults. Unknown fields are refused."""
+        unknown = set(d) - _FIELD_NAMES
+        if unknown:
+            raise ValueError(f"unknown metrics field(s) {sorted(unknown)}")
+        return cls(**{k: v if k == "source" else _from_jsonable(v) for k, v in d.items()})
+
     def get(self, name: str) -> float:
         """A scalar metric by name (``share_rel_over_1e-03``, ``p99``, ``delta_mean`` … included)."""
         if name.startswith("share_rel_over_"):
@@ -150,6 +160,20 @@ def _jsonable(v: Any) -> Any:
         return v if math.isfinite(v) else ("inf" if v > 0 else "-inf" if v < 0 else "nan")
     if isinstance(v, dict):
         return {k: _jsonable(x) for k, x in v.items()}
+    return v
+
+
+_FIELD_NAMES = frozenset(f.name for f in fields(Metrics))
+_NONFINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+
+
+def _from_jsonable(v: Any) -> Any:
+    if isinstance(v, str):
+        if v not in _NONFINITE:
+            raise ValueError(f"not a number: {v!r}")
+        return _NONFINITE[v]
+    if isinstance(v, dict):
+        return {k: _from_jsonable(x) for k, x in v.items()}
     return v
 
 

@@ -7,8 +7,10 @@ import json
 import math
 from typing import Any
 
-from accuracy.bands import BandCheck
+from accuracy.bands import Band, BandCheck
+from accuracy.budgets import Budget
 from accuracy.compare import ComparisonReport, OpResult
+from accuracy.metrics import Metrics
 from accuracy.ranks import RankComparison
 
 REPORT_SCHEMA = "opband.report/1"
@@ -57,7 +59,8 @@ def op_to_dict(o: OpResult) -> dict[str, Any]:
         "metrics": o.metrics.as_dict() if o.metrics is not None else None,
         "verdict": o.verdict,
         "reason": o.reason,
-        "budget": {"norm_l2": o.budget.norm_l2, "cosine_min": o.budget.cosine_min, "source": o.budget.source}
+        "budget": {"norm_l2": o.budget.norm_l2, "cosine_min": o.budget.cosine_min, "source": o.budget.source,
+                   **({"atol": o.budget.atol} if o.budget.atol else {})}  # atol only where one applies
         if o.budget
         else None,
         "bands": [_band_to_dict(c) for c in o.bands],
@@ -73,6 +76,41 @@ def op_to_dict(o: OpResult) -> dict[str, Any]:
     }
 
 
+def op_from_dict(d: dict[str, Any]) -> OpResult:
+    """The exact inverse of :func:`op_to_dict`, also after a JSON round trip (derived fields such as
+    ``severity`` and ``shape_signature`` are recomputed, not read): what a shard of a comparison stores
+    of its judged ops, so that the merge concludes from the very same results."""
+    budget = d["budget"]
+    metrics, ref_metrics, layouts = d["metrics"], d["reference_metrics"], d["layouts"]
+    return OpResult(
+        key=d["key"], output=d["output"], op=d["op"], module=d["module"], kind=d["kind"], index=d["index"],
+        input_shapes=d["input_shapes"], shape=d["shape"], dtype=d["dtype"], reference_dtype=d["reference_dtype"],
+        metrics=Metrics.from_dict(metrics) if metrics is not None else None,
+        verdict=d["verdict"], reason=d["reason"],
+        budget=Budget(_float(budget["norm_l2"]), _float(budget["cosine_min"]), budget["source"],
+                      _float(budget.get("atol", 0.0))) if budget is not None else None,
+        aligned_by=d["aligned_by"], inherited=d["inherited"],
+        bands=[_band_from_dict(b) for b in d["bands"]],
+        p_value=_float(d["p_value"]),
+        reference_metrics=Metrics.from_dict(ref_metrics) if ref_metrics is not None else None,
+        golden_ratio=_float(d["golden_ratio"]), finding=d["finding"], auxiliary=d["auxiliary"],
+        layouts=(layouts[0], layouts[1]) if layouts else None,
+    )
+
+
+def _float(v: float | str | None) -> Any:
+    """A number as :func:`_num` wrote it (non-finite values as strings), back as a float."""
+    if isinstance(v, str):
+        return {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}[v]
+    return v
+
+
+def _band_from_dict(d: dict[str, Any]) -> BandCheck:
+    band = Band(d["metric"], _float(d["upper"]), d["n"], _float(d["mean_log"]), _float(d["sd_log"]),
+                _float(d["floor"]), d["level"], d["coverage"], d["confidence"], d.get("nonfinite", 0))
+    return BandCheck(band, _float(d["value"]), _float(d["p_value"]))
+
+
 def _num(v: float | None) -> float | str | None:
     if v is None or math.isfinite(v):
         return v
@@ -82,7 +120,8 @@ def _num(v: float | None) -> float | str | None:
 def _band_to_dict(c: BandCheck) -> dict[str, Any]:
     b = c.band
     return {"metric": b.metric, "value": _num(c.value), "upper": _num(b.upper), "p_value": c.p_value, "out": c.out,
-            "n": b.n, "level": b.level, "coverage": b.coverage, "confidence": b.confidence}
+            "n": b.n, "level": b.level, "coverage": b.coverage, "confidence": b.confidence,
+            "mean_log": _num(b.mean_log), "sd_log": _num(b.sd_log), "floor": _num(b.floor), "nonfinite": b.nonfinite}
 
 
 def limit_of(o: OpResult) -> float | None:

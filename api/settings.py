@@ -40,6 +40,11 @@ class Settings(BaseSettings):
     job_in_child_process: bool = Field(default=True, description=(
         "run each comparison in a short-lived child process: its memory is returned when it ends, and a "
         "crash or OOM kill of it leaves the API (or worker) running; the job is retried"))
+    shard_bytes: int = Field(default=4 << 30, ge=0, description=(
+        "a comparison whose aligned pairs hold at least this many tensor bytes (both sides) is split into "
+        "OPBAND_SHARD_COUNT shards, contiguous ranges of ops that workers judge apart and one merges (0: never)"))
+    shard_count: int = Field(default=8, ge=2, le=4096, description=(
+        "shards per sharded comparison: a few per worker balances the load (each shard re-opens the bundles)"))
     max_upload_bytes: int = Field(default=8 << 30, ge=1, description="uploads beyond this get 413")
     max_json_bytes: int = Field(default=1 << 20, ge=1, description="JSON request bodies beyond this get 413, unread")
     max_manifest_bytes: int = Field(default=1 << 30, ge=1, description=(

@@ -167,3 +167,51 @@ def test_downgrade_and_upgrade_keep_the_data(database_url: str) -> None:
     assert counts() == (20, 20, 20), "a downgrade keeps every regression and every result's series"
     upgrade(database_url)
     assert counts() == (20, 20, 20)
+
+
+def test_0005_shards_keep_comparisons_and_cascade(database_url: str) -> None:
+    """0005_i14 adds the shard columns (NULL for existing comparisons: unsharded) and comparison_shards, whose
+    rows go with their comparison; its downgrade drops them and keeps every comparison."""
+    from sqlalchemy import text
+
+    upgrade(database_url, "0004_i11d")
+    engine = make_engine(database_url)
+    now = "2026-01-01 00:00:00"
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO projects (id, name, public, created_at) VALUES (1, 'p', false, :t)"), {"t": now})
+        conn.execute(text("INSERT INTO bundles (id, project_id, sha256, size, storage_key, variant, device, records, "
+                          "run, environment, created_at, target, tags) VALUES ('b', 1, 'h', 1, 'k', 'fp32', 'cpu', 0, "
+                          "'{}', '{}', :t, 't', '{}')"), {"t": now})
+        for cid in ("c1", "c2"):
+            conn.execute(text("INSERT INTO comparisons (id, project_id, reference_id, target_id, mode, status, counts, "
+                              "unmatched, attempts, created_at) VALUES (:c, 1, 'b', 'b', 'propagated', 'done', '{}', 0, "
+                              "0, :t)"), {"c": cid, "t": now})
+    engine.dispose()
+    upgrade(database_url, "0005_i14")
+    engine = make_engine(database_url)
+    with engine.begin() as conn:
+        assert conn.execute(text("SELECT count(*) FROM comparisons WHERE shards IS NULL AND shards_done IS NULL "
+                                 "AND shard_plan IS NULL")).scalar_one() == 2
+        for i in range(3):
+            conn.execute(text("INSERT INTO comparison_shards (id, comparison_id, \"index\", start, stop, tensor_bytes, "
+                              "status, attempts, created_at, results) VALUES (:id, 'c1', :i, :a, :b, 1, 'done', 1, :t, "
+                              ":r)"), {"id": f"c1:{i}", "i": i, "a": 10 * i, "b": 10 * i + 10, "t": now, "r": b"\x00\xff"})
+    with engine.begin() as conn:
+        if engine.dialect.name == "sqlite":
+            conn.exec_driver_sql("PRAGMA foreign_keys=ON")
+        conn.execute(text("DELETE FROM comparisons WHERE id = 'c2'"))
+        assert conn.execute(text("SELECT count(*) FROM comparison_shards")).scalar_one() == 3
+        conn.execute(text("DELETE FROM comparisons WHERE id = 'c1'"))
+        assert conn.execute(text("SELECT count(*) FROM comparison_shards")).scalar_one() == 0, "shards go with it"
+        conn.execute(text("INSERT INTO comparisons (id, project_id, reference_id, target_id, mode, status, counts, "
+                          "unmatched, attempts, created_at, shards, shards_done) VALUES ('c3', 1, 'b', 'b', "
+                          "'propagated', 'running', '{}', 0, 1, :t, 4, 2)"), {"t": now})
+    engine.dispose()
+    downgrade(database_url, "0004_i11d")
+    assert "comparison_shards" not in tables(database_url)
+    engine = make_engine(database_url)
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM comparisons")).scalar_one() == 1
+    assert "shards" not in {c["name"] for c in inspect(engine).get_columns("comparisons")}
+    engine.dispose()
+    upgrade(database_url)

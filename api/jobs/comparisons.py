@@ -21,18 +21,22 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import and_, delete, insert, or_, select, update
+from sqlalchemy import and_, delete, func, insert, or_, select, update
 from sqlalchemy.orm import lazyload
 
 import accuracy
+from accuracy.compare import ComparisonPlan, conclude, judge_range, plan_comparison
 from accuracy.errors import OpbandError
 from accuracy.report import op_to_dict
 from api.store.db import Database
+from api.jobs import shards
 from api.store.models import (
-    AcceptedDeviation, Baseline, BaselineMember, Comparison, OpResultRow, Project, Regression, Series, utcnow,
+    AcceptedDeviation, Baseline, BaselineMember, Comparison, ComparisonShard, OpResultRow, Project, Regression, Series,
+    utcnow,
 )
 from api.observability import JOB_SECONDS, JOBS_FINISHED
 from api.schemas import SEVERITY_INF
@@ -51,17 +55,29 @@ def worker_name() -> str:
 def claim_next(db: Database, settings: Settings, name: str) -> str | None:
     """Claim the oldest runnable job (pending, or running with an expired lease); return its id.
 
-    PostgreSQL locks the candidate with ``FOR UPDATE SKIP LOCKED`` so concurrent workers pick
-    different rows; the claim itself is a conditional UPDATE (same status and attempt count as
-    read), so two processes on SQLite cannot both win one row either.
+    Shards of split comparisons (:mod:`api.jobs.shards`, ids ``<comparison>:<index>``) come first: they
+    finish work already started. PostgreSQL locks the candidate with ``FOR UPDATE SKIP LOCKED`` so
+    concurrent workers pick different rows; the claim itself is a conditional UPDATE (same status and
+    attempt count as read), so two processes on SQLite cannot both win one row either.
     """
-    with _CLAIM_LOCK, db.session() as s:
+    with _CLAIM_LOCK:
+        return _claim(db, settings, name, ComparisonShard) or _claim(db, settings, name, Comparison)
+
+
+def claim_shard_of(db: Database, settings: Settings, name: str, comparison_id: str) -> str | None:
+    """Claim the next runnable shard of one comparison (a worker that judged one goes on with its plan open)."""
+    with _CLAIM_LOCK:
+        return _claim(db, settings, name, ComparisonShard, ComparisonShard.comparison_id == comparison_id)
+
+
+def _claim(db: Database, settings: Settings, name: str, model: type[Comparison] | type[ComparisonShard],
+           *where: Any) -> str | None:
+    with db.session() as s:
         now = utcnow()
         q = (
-            select(Comparison)
-            .where(or_(Comparison.status == "pending",
-                       and_(Comparison.status == "running", Comparison.lease_until < now)))
-            .order_by(Comparison.created_at)
+            select(model)
+            .where(or_(model.status == "pending", and_(model.status == "running", model.lease_until < now)), *where)
+            .order_by(model.created_at, *([ComparisonShard.index] if model is ComparisonShard else []))
             .limit(1)
             .options(lazyload("*"))  # no outer joins: PostgreSQL refuses FOR UPDATE on them
         )
@@ -70,30 +86,37 @@ def claim_next(db: Database, settings: Settings, name: str) -> str | None:
         job = s.scalar(q)
         if job is None:
             return None
+        job_id, attempts = job.id, job.attempts
         was_running, previous_worker = job.status == "running", job.worker  # read before the UPDATE syncs `job`
-        same = (Comparison.id == job.id, Comparison.status == job.status, Comparison.attempts == job.attempts)
-        if job.attempts >= settings.max_job_attempts:
-            s.execute(update(Comparison).where(*same).values(
+        same = (model.id == job.id, model.status == job.status, model.attempts == job.attempts)
+        if job.attempts >= settings.max_job_attempts and model is ComparisonShard:
+            s.rollback()  # the comparison row is locked before its shards (one lock order): a transaction of its own
+        elif job.attempts >= settings.max_job_attempts:
+            s.execute(update(model).where(*same).values(
                 status="failed", finished_at=now, lease_until=None,
                 error=(f"gave up after {job.attempts} attempts: the worker running it stopped "
                        "(crashed, killed or out of memory) each time; see the worker logs")))
             log.warning("job given up", extra={"job_id": job.id, "attempts": job.attempts})
             return None
-        claimed = s.execute(update(Comparison).where(*same).values(
-            status="running", worker=name, started_at=now, attempts=job.attempts + 1,
-            lease_until=now + timedelta(seconds=settings.job_lease_seconds)))
-        if claimed.rowcount != 1:  # type: ignore[attr-defined]
-            return None
-        if was_running:
-            log.warning("retrying a job whose lease expired",
-                        extra={"job_id": job.id, "previous_worker": previous_worker, "worker": name})
-        return job.id
+        else:
+            claimed = s.execute(update(model).where(*same).values(
+                status="running", worker=name, started_at=now, attempts=job.attempts + 1,
+                lease_until=now + timedelta(seconds=settings.job_lease_seconds)))
+            if claimed.rowcount != 1:  # type: ignore[attr-defined]
+                return None
+            if was_running:
+                log.warning("retrying a job whose lease expired",
+                            extra={"job_id": job.id, "previous_worker": previous_worker, "worker": name})
+            return job_id
+    with _persist_lock(db), db.session() as s:
+        shards.give_up_shard(s, db, job_id, attempts)
+    return None
 
 
 def renew_lease(db: Database, settings: Settings, job_id: str, name: str) -> bool:
-    """Extend this worker's lease on a job; False when the job is no longer ours."""
+    """Extend this worker's lease on a job (or shard); False when it is no longer ours."""
     with db.session() as s:
-        job = s.get(Comparison, job_id)
+        job = s.get(ComparisonShard if shards.is_shard(job_id) else Comparison, job_id)
         if job is None or job.status != "running" or job.worker != name:
             return False
         job.lease_until = utcnow() + timedelta(seconds=settings.job_lease_seconds)
@@ -150,19 +173,70 @@ def _run_in_child(db: Database, store: BlobStore, settings: Settings, job_id: st
     """:func:`_run_job` in a short-lived child process (forkserver, one job each): the memory a comparison
     takes is returned when it ends, and a child killed (out of memory, by a signal) does not take the
     API down; its lease then runs out and the job is retried, up to ``max_job_attempts``."""
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["api.jobs.comparisons"])
-    with ProcessPoolExecutor(1, mp_context=context, max_tasks_per_child=1) as pool:
+    with ProcessPoolExecutor(1, mp_context=_job_context(), max_tasks_per_child=1) as pool:
         try:
-            return pool.submit(_child_job, settings, job_id, name).result()
+            return pool.submit(_child_job, settings, job_id, name, os.getpid()).result()
         except BrokenProcessPool:
             raise RuntimeError("the comparison's process died (out of memory or killed)") from None
 
 
-def _child_job(settings: Settings, job_id: str, name: str) -> str:
+#: what the forkserver imports once, before it forks a job's process
+JOB_PRELOAD = ["api.jobs.comparisons", "api.jobs.kernels"]
+
+
+def _job_context() -> Any:
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(JOB_PRELOAD)
+    return context
+
+
+def start_job_processes(settings: Settings, wait: bool = False) -> None:
+    """Start the forkserver of the job processes (imports, metric kernels) now, while the worker is idle,
+    rather than in its first job. ``wait``: until it has forked a first process (else in the background)."""
+    if not settings.job_in_child_process:
+        return
+    if wait:
+        with ProcessPoolExecutor(1, mp_context=_job_context(), max_tasks_per_child=1) as pool:
+            pool.submit(os.getpid).result()
+        return
+    from multiprocessing import forkserver
+
+    _job_context()
+    forkserver.ensure_running()
+
+
+def _exit_with_worker(worker_pid: int) -> None:
+    """End this job process when its worker dies: an orphan would keep renewing the job's lease and finish
+    it unseen, where the job should be retried by another worker once the lease runs out. (Its parent is
+    the forkserver, which lives on while any process forked from it does.)"""
+    def watch() -> None:
+        while _alive(worker_pid):
+            time.sleep(0.2)
+        os._exit(3)
+
+    threading.Thread(target=watch, name="worker-watch", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return True  # no /proc: the kill above said it exists
+
+
+def _child_job(settings: Settings, job_id: str, name: str, worker_pid: int) -> str:
     from api.observability import configure_logging
     from api.store.blobs import make_store
 
+    _exit_with_worker(worker_pid)
     configure_logging(settings)
     db = Database(settings)
     try:
@@ -187,21 +261,31 @@ def _persist_lock(db: Database) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def accepted_history(s: Any, project_id: int, target: str, exclude: str) -> dict[str, Any] | None:
+def accepted_members(s: Any, project_id: int, exclude: str) -> list[str]:
+    """The comparisons of this project's baselines (other than ``exclude``), sorted: what bands learn from."""
+    return sorted(s.scalars(
+        select(BaselineMember.comparison_id).join(Baseline, Baseline.id == BaselineMember.baseline_id)
+        .where(Baseline.project_id == project_id, BaselineMember.comparison_id != exclude).distinct()))
+
+
+def accepted_history(s: Any, project_id: int, target: str, exclude: str,
+                     members: list[str] | None = None) -> dict[str, Any] | None:
     """Per-op results of this project's baseline comparisons for ``target`` (``opband.history/1``).
 
     Bands are learned only from comparisons someone promoted into a baseline; with none, the
-    comparison is judged against the default budgets alone.
+    comparison is judged against the default budgets alone. ``members``: those comparisons, as
+    :func:`accepted_members` listed them earlier (a sharded comparison judges every shard by one list).
     """
-    accepted = (select(BaselineMember.comparison_id).join(Baseline, Baseline.id == BaselineMember.baseline_id)
-                .where(Baseline.project_id == project_id).distinct())
+    if members is None:
+        members = accepted_members(s, project_id, exclude)
     rows = s.execute(
         select(OpResultRow.key, OpResultRow.output, OpResultRow.op, OpResultRow.shape_signature, OpResultRow.dtype,
                OpResultRow.metrics, OpResultRow.comparison_id)
         .join(Series, Series.id == OpResultRow.series_id)
-        .where(OpResultRow.comparison_id.in_(accepted), OpResultRow.comparison_id != exclude,
+        .where(OpResultRow.comparison_id.in_(members), OpResultRow.comparison_id != exclude,
                Series.target == target)
-    ).all()
+        .order_by(OpResultRow.id)  # one order every time: bands sum in it
+    ).all() if members else []
     rows = [r for r in rows if isinstance(r.metrics, dict)]  # JSON null (unmatched ops) carries no metrics
     if not rows:
         return None
@@ -211,25 +295,127 @@ def accepted_history(s: Any, project_id: int, target: str, exclude: str) -> dict
     return {"schema": "opband.history/1", "results": results}
 
 
-def _run_job(db: Database, store: BlobStore, settings: Settings, job_id: str, name: str) -> str:
+@dataclass
+class _Job:
+    """What a worker reads of a comparison (or of a shard's comparison) before it opens any bundle."""
+
+    id: str
+    ref_key: str
+    tgt_key: str
+    mode: str
+    attempt: int
+    target: str  # the target name: series, bands and regressions are kept per target
+    members: list[str]
+    history: dict[str, Any] | None
+    requested_shards: int | None = None
+    shard_plan: dict[str, Any] | None = None  # set once split
+    merge: bool = False  # every shard is judged: conclude
+    start: int = 0
+    stop: int = 0  # a shard's range of pairs
+
+
+def _read_job(db: Database, job_id: str) -> _Job:
     with db.session() as s:
-        job = s.get(Comparison, job_id)
+        shard = s.get(ComparisonShard, job_id) if shards.is_shard(job_id) else None
+        job = s.get(Comparison, shard.comparison_id if shard else job_id)
         assert job is not None
-        ref_key, tgt_key, mode, attempt = job.reference.storage_key, job.target.storage_key, job.mode, job.attempts
-        target = job.target.target  # the target name: series, bands and regressions are kept per target
-        history = accepted_history(s, job.project_id, target, job_id)
-    log.info("job started", extra={"job_id": job_id, "worker": name, "attempt": attempt, "mode": mode})
+        plan = job.shard_plan
+        target = job.target.target
+        if plan is not None:
+            members = plan["history"]
+            missing = len(members) - s.scalar(select(func.count()).select_from(Comparison)
+                                              .where(Comparison.id.in_(members)))
+            if missing:
+                raise OpbandError(f"{missing} of the {len(members)} baseline comparisons this sharded comparison is "
+                                  "judged against were deleted while it ran: queue it again")
+        else:
+            members = accepted_members(s, job.project_id, job.id)
+        history = accepted_history(s, job.project_id, target, job.id, members)
+        return _Job(job_id, job.reference.storage_key, job.target.storage_key, job.mode,
+                    shard.attempts if shard else job.attempts, target, members, history, job.shards, plan,
+                    merge=plan is not None and shard is None, start=shard.start if shard else 0,
+                    stop=shard.stop if shard else 0)
+
+
+def _run_job(db: Database, store: BlobStore, settings: Settings, job_id: str, name: str) -> str:
+    fail = _fail_shard if shards.is_shard(job_id) else _fail
     try:
-        with Heartbeat(db, settings, job_id, name), store.local_path(ref_key) as ref_path, \
-                store.local_path(tgt_key) as tgt_path:
-            report = accuracy.compare(ref_path, tgt_path, mode=mode, history=history, target_id=target)
-            return persist_report(db, job_id, report, name)
+        job = _read_job(db, job_id)
     except OpbandError as e:
-        return _fail(db, job_id, f"{type(e).__name__}: {e}", name)
+        return fail(db, job_id, f"{type(e).__name__}: {e}", name)
+    phase = "shard" if shards.is_shard(job_id) else "merge" if job.merge else "comparison"
+    log.info("job started", extra={"job_id": job_id, "worker": name, "attempt": job.attempt, "mode": job.mode,
+                                   "phase": phase})
+    try:
+        with Heartbeat(db, settings, job_id, name), store.local_path(job.ref_key) as ref_path, \
+                store.local_path(job.tgt_key) as tgt_path:
+            plan = plan_comparison(ref_path, tgt_path, mode=job.mode, history=job.history, target_id=job.target)
+            if job.shard_plan is not None:
+                shards.check_plan(plan, job.shard_plan)
+            if phase == "shard":
+                status = _finish_shard(db, job_id, shards.encode_results(judge_range(plan, job.start, job.stop)), name)
+                return _judge_more_shards(db, settings, plan, shards.comparison_of(job_id), name) if status == "done" \
+                    else status
+            if phase == "merge":
+                return persist_report(db, job_id, conclude(plan, shards.load_results(db, job.id, plan)), name)
+            weights = shards.pair_bytes(plan)
+            n = shards.shard_count(settings, job.requested_shards, sum(weights), len(plan.pairs))
+            if n > 1:
+                return _split(db, job, plan, weights, n, name)
+            return persist_report(db, job_id, conclude(plan, judge_range(plan, 0, len(plan.pairs))), name)
+    except OpbandError as e:
+        return fail(db, job_id, f"{type(e).__name__}: {e}", name)
     except Exception as e:  # noqa: BLE001 - recorded on the job; the worker carries on
         log.exception("comparison failed", extra={"job_id": job_id})
-        return _fail(db, job_id, f"internal error ({type(e).__name__}: {e}); please report it with this comparison id",
-                     name)
+        return fail(db, job_id, f"internal error ({type(e).__name__}: {e}); please report it with this comparison id",
+                    name)
+
+
+def _judge_more_shards(db: Database, settings: Settings, plan: ComparisonPlan, comparison_id: str, name: str) -> str:
+    """Claim and judge further shards of the same comparison in this process, with the plan already open (no
+    new process, no re-planning per shard), each under its own lease, until none is left to claim."""
+    status = "done"
+    while status == "done" and (job_id := claim_shard_of(db, settings, name, comparison_id)) is not None:
+        with db.session() as s:
+            row = s.get(ComparisonShard, job_id)
+            assert row is not None
+            start, stop, attempt = row.start, row.stop, row.attempts
+        log.info("job started", extra={"job_id": job_id, "worker": name, "attempt": attempt, "phase": "shard",
+                                       "chained": True})
+        try:
+            with Heartbeat(db, settings, job_id, name):
+                status = _finish_shard(db, job_id, shards.encode_results(judge_range(plan, start, stop)), name)
+        except OpbandError as e:
+            status = _fail_shard(db, job_id, f"{type(e).__name__}: {e}", name)
+        except Exception as e:  # noqa: BLE001 - recorded on the shard's comparison; the worker carries on
+            log.exception("comparison shard failed", extra={"job_id": job_id})
+            status = _fail_shard(db, job_id, f"internal error ({type(e).__name__}: {e}); please report it with this "
+                                 "comparison id", name)
+        log.info("shard finished", extra={"job_id": job_id, "worker": name, "status": status})
+    return status
+
+
+def _split(db: Database, job: _Job, plan: ComparisonPlan, weights: list[int], n: int, name: str) -> str:
+    """Queue the comparison's shards (:mod:`api.jobs.shards`) and park it until they are judged."""
+    ranges = shards.split_ranges(weights, n)
+    shard_plan = {"schema": shards.SHARD_PLAN_SCHEMA, "pairs": len(plan.pairs), "digest": shards.plan_digest(plan),
+                  "bytes": sum(weights), "history": job.members}
+    with db.session() as s:
+        row = _owned(s, db, job.id, name)
+        if row is None:
+            return "lost"
+        shards.park_for_shards(s, row, ranges, weights, shard_plan)
+    return "sharded"
+
+
+def _finish_shard(db: Database, job_id: str, blob: bytes, name: str) -> str:
+    with _persist_lock(db), db.session() as s:
+        return shards.finish_shard(s, db, job_id, blob, name)
+
+
+def _fail_shard(db: Database, job_id: str, error: str, name: str) -> str:
+    with _persist_lock(db), db.session() as s:
+        return shards.fail_shard(s, db, job_id, error, name)
 
 
 def _owned(s: Any, db: Database, job_id: str, name: str) -> Comparison | None:
@@ -291,6 +477,8 @@ def persist_report(db: Database, job_id: str, report: accuracy.ComparisonReport,
         if job.first_divergence and job.first_divergence.get("metrics"):
             job.first_divergence["metrics"].pop("histogram", None)
         job.unmatched, job.finished_at, job.lease_until, job.error = len(report.unmatched), now, None, None
+        if job.shards_done is not None:  # merged: the shards' results now live in op_results
+            s.execute(update(ComparisonShard).where(ComparisonShard.comparison_id == job_id).values(results=None))
     return "done"
 
 
@@ -404,6 +592,8 @@ class WorkerPool:
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
+        if self.settings.workers:
+            start_job_processes(self.settings)
         for i in range(self.settings.workers):
             t = threading.Thread(target=self._loop, name=f"opband-worker-{i}", daemon=True)
             t.start()
@@ -443,6 +633,7 @@ def run_worker_forever(db: Database, store: BlobStore, settings: Settings,
                        should_stop: Callable[[], bool] = lambda: False, poll_seconds: float = 1.0) -> None:
     """``opband worker``: one process claiming jobs from the shared database until stopped."""
     name = worker_name()
+    start_job_processes(settings, wait=True)
     log.info("worker started", extra={"worker": name})
     while not should_stop():
         try:

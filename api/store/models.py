@@ -5,7 +5,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (
+    JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, LargeBinary, String, Text, UniqueConstraint,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 
@@ -101,8 +103,38 @@ class Comparison(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    #: sharded comparisons (``api.jobs.shards``): how many shards (before the split: a requested count, or
+    #: None to decide by size), how many are judged (None before the split), and what every shard and the
+    #: merge re-plan from (pair count and digest, the accepted comparisons whose history judges it)
+    shards: Mapped[int | None] = mapped_column(Integer)
+    shards_done: Mapped[int | None] = mapped_column(Integer)
+    shard_plan: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     reference: Mapped[BundleRow] = relationship(foreign_keys=[reference_id], lazy="joined")
     target: Mapped[BundleRow] = relationship(foreign_keys=[target_id], lazy="joined")
+
+
+class ComparisonShard(Base):
+    """One contiguous range of a sharded comparison's aligned pairs: a job of its own on the same queue
+    (claim, lease, retry), whose judged ops are kept (zlib-compressed JSON) until the merge."""
+
+    __tablename__ = "comparison_shards"
+    __table_args__ = (UniqueConstraint("comparison_id", "index", name="uq_comparison_shards_index"),
+                      Index("ix_comparison_shards_status_lease", "status", "lease_until"))
+    id: Mapped[str] = mapped_column(String(48), primary_key=True)  # "<comparison id>:<index>"
+    comparison_id: Mapped[str] = mapped_column(ForeignKey("comparisons.id", ondelete="CASCADE"))
+    index: Mapped[int] = mapped_column(Integer)
+    start: Mapped[int] = mapped_column(Integer)
+    stop: Mapped[int] = mapped_column(Integer)
+    tensor_bytes: Mapped[int] = mapped_column(BigInteger)  # of both sides: what the ranges balance
+    status: Mapped[str] = mapped_column(String(20), default="pending")
+    error: Mapped[str | None] = mapped_column(Text)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    worker: Mapped[str | None] = mapped_column(String(200))
+    lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    results: Mapped[bytes | None] = mapped_column(LargeBinary)
 
 
 class Series(Base):
