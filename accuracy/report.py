@@ -24,6 +24,7 @@ def to_dict(report: ComparisonReport) -> dict[str, Any]:
         "verdict": report.verdict,
         "mode": report.mode,
         "counts": report.counts,
+        "passes_not_listed": report.passes_not_listed,
         "reference": report.reference,
         "target": report.target,
         "golden": report.golden,
@@ -156,7 +157,7 @@ def headline(report: ComparisonReport) -> str:
     """``PASSED``/``FAILED`` line with counts and the first divergence: what CI logs grep for."""
     word = "FAILED" if report.verdict == "fail" else "PASSED"
     counts = ", ".join(f"{n} {v}" for v, n in report.counts.items() if n)
-    line = f"{word} | {report.verdict} | {len(report.ops)} ops: {counts or 'none'}"
+    line = f"{word} | {report.verdict} | {report.total_ops} ops: {counts or 'none'}"
     fd = report.first_divergence
     if fd is not None:
         line += f"\n{'FAILED' if fd.verdict == 'fail' else 'WARNING'} | first divergence: {fd.id} " \
@@ -450,7 +451,7 @@ def ranks_to_text(rc: RankComparison, limit: int | None = 20, width: int = 160) 
         table.add_column(col, overflow="fold")
     for r, rep in rc.reports.items():
         fd = rep.first_divergence
-        table.add_row(str(r), rep.verdict.upper(), str(len(rep.ops)), str(rep.counts.get("fail", 0)),
+        table.add_row(str(r), rep.verdict.upper(), str(rep.total_ops), str(rep.counts.get("fail", 0)),
                       str(rep.counts.get("warn", 0)), fd.id if fd else "-", fd.shape_signature if fd else "-")
     buf = StringIO()
     console = Console(file=buf, width=width, force_terminal=False, no_color=True)

@@ -90,6 +90,9 @@ class ComparisonCreate(RequestBody):
     reference: str = Field(min_length=1, max_length=64, description="bundle id of the reference run")
     target: str = Field(min_length=1, max_length=64, description="bundle id of the target run")
     mode: Literal["propagated", "replay", "golden"] = "propagated"
+    shards: int | None = Field(default=None, ge=1, le=4096, description=(
+        "split the comparison into this many op ranges, judged by any free workers and merged into one "
+        "result (1: never split); default: split only bundles over OPBAND_SHARD_BYTES of tensors"))
 
 
 class RunSummary(BaseModel):
@@ -119,6 +122,8 @@ class ComparisonPublic(BaseModel):
     unmatched: int
     error: str | None
     attempts: int
+    shards: int | None = Field(default=None, description="op ranges the comparison was split into (null: not yet decided)")
+    shards_done: int | None = Field(default=None, description="how many of them are judged")
     created_at: Timestamp
     started_at: Timestamp | None
     finished_at: Timestamp | None

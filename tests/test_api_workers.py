@@ -172,3 +172,24 @@ def test_worker_serves_its_own_metrics(api: LiveServer, tmp_path: Path) -> None:
     assert 'opband_comparison_duration_seconds_count{status="done"} 1.0' in text
     assert 'opband_jobs{status="done"} 1.0' in text  # read from the shared table at scrape time
     assert f"worker metrics at http://127.0.0.1:{port}/metrics" in log.read_text()
+
+
+def test_a_comparison_asked_for_in_shards_is_split_judged_by_two_workers_and_merged(api: LiveServer,
+                                                                                   tmp_path: Path) -> None:
+    ops = [SynthOp(f"model.layers.{i % 8}", shape=(128,), noise=1e-2 if i % 11 == 0 else 0.0) for i in range(60)]
+    with api.client() as c:
+        ref, tgt = pair(c, tmp_path, ops)
+        bad = c.post("/api/v1/projects/w/comparisons", json={"reference": ref, "target": tgt, "shards": 0})
+        assert bad.status_code == 422 and "shards" in bad.text
+        whole = c.post("/api/v1/projects/w/comparisons", json={"reference": ref, "target": tgt, "shards": 1}).json()
+        split = c.post("/api/v1/projects/w/comparisons", json={"reference": ref, "target": tgt, "shards": 4}).json()
+        assert split["status"] == "pending" and split["shards"] == 4 and split["shards_done"] is None
+        spawn(api, "s1")
+        spawn(api, "s2")
+        done = {k: wait_done(c, job["id"]) for k, job in (("whole", whole), ("split", split))}
+    assert done["split"]["status"] == done["whole"]["status"] == "done", done
+    assert (done["split"]["shards"], done["split"]["shards_done"]) == (4, 4)
+    assert done["whole"]["shards_done"] is None  # one shard asked for: never split
+    for field in ("verdict", "counts", "first_divergence", "unmatched"):
+        assert done["split"][field] == done["whole"][field], field
+    assert done["split"]["counts"]["fail"] >= 1

@@ -241,7 +241,7 @@ def create_comparison(project: ProjectName, body: ComparisonCreate, svc: Service
                                "`opband capture --replay REF --golden -o GOLDEN.bundle` and compare it with the target")
     with svc.db.session() as s:
         c = Comparison(id=uuid.uuid4().hex, project_id=proj.id, reference_id=body.reference,
-                       target_id=body.target, mode=body.mode, status="pending")
+                       target_id=body.target, mode=body.mode, status="pending", shards=body.shards)
         s.add(c)
     svc.workers.notify()
     return comparison_public(queries.get_comparison(svc.db, c.id))
