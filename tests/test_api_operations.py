@@ -34,17 +34,23 @@ def test_health_ready_logs_metrics(live_server: LiveServer, tmp_path: Path) -> N
         wait_done(c, job)
         c.get(f"/api/v1/comparisons/{job}/ops")
         c.get("/api/v1/no/such/route")
-        metrics = c.get("/metrics").text
+        done_metric = r'opband_comparison_duration_seconds_count\{status="done"\} 1\.0'
+        deadline = time.monotonic() + 15  # a worker observes the job's duration just after its row says done
+        while not re.search(done_metric, metrics := c.get("/metrics").text) and time.monotonic() < deadline:
+            time.sleep(0.2)
     assert re.search(r'opband_http_requests_total\{method="GET",route="/api/v1/comparisons/\{comparison_id\}/ops",'
                      r'status="200"\} 1\.0', metrics), "requests are counted by route template"
     assert 'route="<unmatched>",status="404"' in metrics
     assert re.search(r'opband_http_request_duration_seconds_count\{method="POST",route="/api/v1/projects/\{project\}/bundles"\} 2\.0', metrics)
     upload = float(re.search(r"^opband_upload_bytes_total (\S+)$", metrics, re.M).group(1))  # type: ignore[union-attr]
     assert upload >= len(body) * 2
-    assert re.search(r'opband_comparison_duration_seconds_count\{status="done"\} 1\.0', metrics)
+    assert re.search(done_metric, metrics)
     assert 'opband_jobs{status="done"} 1.0' in metrics and 'opband_jobs{status="pending"} 0.0' in metrics
-    time.sleep(0.2)
+    deadline = time.monotonic() + 15
     log = events(live_server)
+    while not any(e["message"] == "job finished" for e in log) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        log = events(live_server)
     requests = [e for e in log if e["message"] == "request"]
     assert {"method", "path", "status", "duration_ms", "route"} <= set(requests[0])
     assert any(e["path"] == f"/api/v1/comparisons/{job}/ops" and e["status"] == 200 for e in requests)
