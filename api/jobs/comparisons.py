@@ -420,15 +420,9 @@ def _fail_shard(db: Database, job_id: str, error: str, name: str) -> str:
 
 def _owned(s: Any, db: Database, job_id: str, name: str) -> Comparison | None:
     """The job row, locked, if this worker still holds it (a worker whose lease ran out must not write)."""
-    q = select(Comparison).where(Comparison.id == job_id).options(lazyload("*"))
-    if db.engine.dialect.name == "postgresql":
-        q = q.with_for_update()
-    job = s.scalar(q)
-    if job is None or job.status != "running" or job.worker != name:
-        log.warning("lost the lease: another worker took the job over, dropping this result",
-                    extra={"job_id": job_id, "worker": name})
-        return None
-    return job
+    job = shards.lock_comparison(s, db, job_id)
+    lost = "lost the lease: another worker took the job over, dropping this result"
+    return job if shards.held_by(job, job_id, name, lost) else None
 
 
 def _fail(db: Database, job_id: str, error: str, name: str) -> str:

@@ -182,16 +182,22 @@ def lock_comparison(s: Any, db: Database, comparison_id: str) -> Comparison | No
     return s.scalar(q)
 
 
+def held_by(row: Comparison | ComparisonShard | None, job_id: str, name: str, lost: str) -> bool:
+    """Whether ``row`` is still running under worker ``name``; if not, logs ``lost`` (the result is dropped)."""
+    if row is not None and row.status == "running" and row.worker == name:
+        return True
+    log.warning(lost, extra={"job_id": job_id, "worker": name})
+    return False
+
+
 def owned_shard(s: Any, db: Database, job_id: str, name: str) -> ComparisonShard | None:
+    """The shard row, locked, if this worker still holds it."""
     q = select(ComparisonShard).where(ComparisonShard.id == job_id)
     if db.engine.dialect.name == "postgresql":
         q = q.with_for_update()
     shard = s.scalar(q)
-    if shard is None or shard.status != "running" or shard.worker != name:
-        log.warning("lost the shard: it was taken over or its comparison ended, dropping this result",
-                    extra={"job_id": job_id, "worker": name})
-        return None
-    return shard
+    lost = "lost the shard: it was taken over or its comparison ended, dropping this result"
+    return shard if held_by(shard, job_id, name, lost) else None
 
 
 def park_for_shards(s: Any, job: Comparison, ranges: list[tuple[int, int]], weights: list[int],
