@@ -43,8 +43,12 @@ class Settings(BaseSettings):
     shard_bytes: int = Field(default=4 << 30, ge=0, description=(
         "a comparison whose aligned pairs hold at least this many tensor bytes (both sides) is split into "
         "OPBAND_SHARD_COUNT shards, contiguous ranges of ops that workers judge apart and one merges (0: never)"))
-    shard_count: int = Field(default=8, ge=2, le=4096, description=(
-        "shards per sharded comparison: a few per worker balances the load (each shard re-opens the bundles)"))
+    shard_count: int = Field(default=16, ge=2, le=4096, description=(
+        "shards per sharded comparison: a few per worker balances the load (a worker goes on from one shard to "
+        "the next with the bundles open; each further worker opens them once)"))
+    poll_seconds: float = Field(default=0.2, gt=0, le=60, description=(
+        "an idle worker looks for a job (a new comparison, a shard another worker split off) this often; each "
+        "look is one or two indexed queries, ~1 ms of CPU"))
     max_upload_bytes: int = Field(default=8 << 30, ge=1, description="uploads beyond this get 413")
     max_json_bytes: int = Field(default=1 << 20, ge=1, description="JSON request bodies beyond this get 413, unread")
     max_manifest_bytes: int = Field(default=1 << 30, ge=1, description=(

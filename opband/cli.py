@@ -567,7 +567,7 @@ def worker(
         typer.echo(f"worker metrics at http://{settings.worker_metrics_host}:{bound}/metrics", err=True)
     try:
         run_worker_forever(db, make_store(settings.effective_store_url, settings.s3_endpoint_url), settings,
-                           should_stop=lambda: bool(stopping), poll_seconds=0.5)
+                           should_stop=lambda: bool(stopping))
     except KeyboardInterrupt:
         pass
 

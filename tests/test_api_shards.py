@@ -268,13 +268,26 @@ def test_killed_shard_is_retried_and_the_result_is_whole(service: Service) -> No
     assert got["first_divergence"] == want["first_divergence"]
 
 
+def split_only(service: Service, job: str, settings: Settings | None = None) -> None:
+    """Claim and split ``job`` in this process without judging its shards (a splitter goes on to judge them;
+    here other workers are to): the shards are left pending."""
+    settings = settings or service.settings
+    assert jobs.claim_next(service.db, settings, "splitter") == job
+    real = jobs._judge_more_shards
+    jobs._judge_more_shards = lambda *a, **k: ("done", False)  # type: ignore[assignment]
+    try:
+        assert jobs.run_job(service.db, service.svc.store, settings, job, "splitter") == "sharded"
+    finally:
+        jobs._judge_more_shards = real  # type: ignore[assignment]
+
+
 def _finish_in_process(url: str, data_dir: str, job_id: str, name: str, blob: bytes, barrier: Any, out: Any) -> None:
     """One of two workers finishing its (last) shard at the same moment as the other."""
     settings = Settings(database_url=url, data_dir=Path(data_dir), job_in_child_process=False)
     db = Database(settings)
     try:
         barrier.wait(30)
-        out.put((name, jobs._finish_shard(db, job_id, blob, name)))
+        out.put((name, jobs._finish_shard(db, settings, job_id, blob, name)))
     finally:
         db.dispose()
 
@@ -310,8 +323,7 @@ def test_two_workers_racing_on_the_last_shards_and_the_merge_merge_once(service:
     assert jobs.run_job(service.db, service.svc.store, service.settings, expected, "w") == "done"
     job = service.queue("p", ref, tgt, shards_asked=3)
     # split it, and judge the first shard, in this process; then hold the other two as two workers
-    assert jobs.claim_next(service.db, service.settings, "splitter") == job
-    assert jobs.run_job(service.db, service.svc.store, service.settings, job, "splitter") == "sharded"
+    split_only(service, job)
     first, *held = [jobs.claim_next(service.db, service.settings, f"w{i}") for i in range(3)]
     assert [first, *held] == [shards.shard_id(job, i) for i in range(3)]
     # w0 judges its shard (and finds no other to go on with: both are held)
@@ -326,17 +338,52 @@ def test_two_workers_racing_on_the_last_shards_and_the_merge_merge_once(service:
         blobs = [shards.encode_results(judge_range(plan, s.start, s.stop)) for s in service.shard_rows(job)[1:]]
     finished = _race(_finish_in_process, [(service.url, str(service.data_dir), held[i], f"w{i + 1}", blobs[i])
                                           for i in range(2)])
-    assert sorted(s for _, s in finished) == ["done", "done"]
+    assert sorted(s for _, s in finished) == ["done", "merge"], finished
+    winner = next(n for n, s in finished if s == "merge")
     row = service.row(job)
-    assert (row.status, row.shards_done, row.worker, row.lease_until) == ("pending", 3, None, None)
-    # four workers claim at once: one gets the merge
+    assert (row.status, row.shards_done, row.worker) == ("running", 3, winner) and row.lease_until is not None
+    # the merge is the winner's, under its lease: four workers claiming at once get nothing
     claims = _race(_claim_in_process, [(service.url, str(service.data_dir), f"m{i}") for i in range(4)])
-    winners = [n for n, got in claims if got == job]
-    assert len(winners) == 1 and all(got in (job, None) for _, got in claims), claims
-    assert jobs.run_job(service.db, service.svc.store, service.settings, job, winners[0]) == "done"
+    assert [got for _, got in claims] == [None] * 4, claims
+    assert jobs.run_job(service.db, service.svc.store, service.settings, job, winner) == "done"
     assert jobs.claim_next(service.db, service.settings, "late") is None, "nothing left to claim: merged once"
     assert stored(service.db, job)["rows"] == stored(service.db, expected)["rows"]
     assert service.row(job).attempts == 1
+
+
+def test_a_merger_that_dies_leaves_the_merge_to_the_next_claim(service: Service) -> None:
+    """The worker that finished the last shard died before it merged: once its lease runs out, a claim takes
+    the merge over, re-plans, and stores exactly the unsharded result."""
+    from datetime import timedelta
+
+    from api.store.models import utcnow
+
+    ops = _ops(20)
+    ref, tgt = pair(service, "p", ops)
+    expected = service.queue("p", ref, tgt)
+    assert jobs.claim_next(service.db, service.settings, "w") == expected
+    assert jobs.run_job(service.db, service.svc.store, service.settings, expected, "w") == "done"
+    job = service.queue("p", ref, tgt, shards_asked=2)
+    split_only(service, job)
+    ids = [jobs.claim_next(service.db, service.settings, "dies") for _ in range(2)]
+    with service.db.session() as s:
+        keys = [s.get(BundleRow, b).storage_key for b in (ref, tgt)]  # type: ignore[union-attr]
+    with service.svc.store.local_path(keys[0]) as rp, service.svc.store.local_path(keys[1]) as tp:
+        plan = plan_comparison(rp, tp)
+        statuses = [jobs._finish_shard(service.db, service.settings, i, shards.encode_results(
+            judge_range(plan, r.start, r.stop)), "dies") for i, r in zip(ids, service.shard_rows(job), strict=True)]
+    assert statuses == ["done", "merge"]
+    assert jobs.claim_next(service.db, service.settings, "rescuer") is None, "the merge is held under a lease"
+    with service.db.session() as s:  # ... which runs out: the worker died before merging
+        row = s.get(Comparison, job)
+        assert row is not None
+        row.lease_until = utcnow() - timedelta(seconds=1)
+    assert jobs.claim_next(service.db, service.settings, "rescuer") == job
+    assert jobs.run_job(service.db, service.svc.store, service.settings, job, "rescuer") == "done"
+    got, want = stored(service.db, job), stored(service.db, expected)
+    assert {k: got[k] for k in ("status", "verdict", "counts", "first_divergence", "rows")} == \
+        {k: want[k] for k in ("status", "verdict", "counts", "first_divergence", "rows")}
+    assert service.row(job).attempts == 2
 
 
 def test_merge_races_in_real_workers_merge_each_comparison_once(service: Service) -> None:
@@ -360,8 +407,7 @@ def test_a_shard_failing_on_its_data_fails_the_comparison(service: Service) -> N
     ops = _ops(30)
     ref, tgt = pair(service, "p", ops)
     job = service.queue("p", ref, tgt, shards_asked=3)
-    assert jobs.claim_next(service.db, service.settings, "splitter") == job
-    assert jobs.run_job(service.db, service.svc.store, service.settings, job, "splitter") == "sharded"
+    split_only(service, job)
     with service.db.session() as s:  # the target's blob is damaged after the split
         key = s.get(BundleRow, tgt).storage_key  # type: ignore[union-attr]
     with service.svc.store.local_path(key) as path:
@@ -385,8 +431,7 @@ def test_a_shard_whose_workers_keep_dying_gives_up_and_fails_the_comparison(serv
 
     settings = service.settings.model_copy(update={"max_job_attempts": 1})
     job = service.queue("p", *pair(service, "p", _ops(30)), shards_asked=3)
-    assert jobs.claim_next(service.db, settings, "splitter") == job
-    assert jobs.run_job(service.db, service.svc.store, settings, job, "splitter") == "sharded"
+    split_only(service, job, settings)
     assert jobs.claim_next(service.db, settings, "dies") == shards.shard_id(job, 0)
     with service.db.session() as s:  # its worker died: the lease runs out
         row = s.get(ComparisonShard, shards.shard_id(job, 0))

@@ -353,15 +353,19 @@ def _run_job(db: Database, store: BlobStore, settings: Settings, job_id: str, na
             if job.shard_plan is not None:
                 shards.check_plan(plan, job.shard_plan)
             if phase == "shard":
-                status = _finish_shard(db, job_id, shards.encode_results(judge_range(plan, job.start, job.stop)), name)
-                return _judge_more_shards(db, settings, plan, shards.comparison_of(job_id), name) if status == "done" \
-                    else status
+                status = _finish_shard(db, settings, job_id,
+                                       shards.encode_results(judge_range(plan, job.start, job.stop)), name)
+                return _judge_more_shards(db, settings, plan, shards.comparison_of(job_id), name, status)[0]
             if phase == "merge":
-                return persist_report(db, job_id, conclude(plan, shards.load_results(db, job.id, plan)), name)
+                return _merge(db, plan, job.id, name)
             weights = shards.pair_bytes(plan)
             n = shards.shard_count(settings, job.requested_shards, sum(weights), len(plan.pairs))
             if n > 1:
-                return _split(db, job, plan, weights, n, name)
+                status = _split(db, job, plan, weights, n, name)
+                if status != "sharded":
+                    return status
+                status, merged = _judge_more_shards(db, settings, plan, job_id, name)  # the splitter judges too
+                return status if merged else "sharded"
             return persist_report(db, job_id, conclude(plan, judge_range(plan, 0, len(plan.pairs))), name)
     except OpbandError as e:
         return fail(db, job_id, f"{type(e).__name__}: {e}", name)
@@ -371,10 +375,12 @@ def _run_job(db: Database, store: BlobStore, settings: Settings, job_id: str, na
                     name)
 
 
-def _judge_more_shards(db: Database, settings: Settings, plan: ComparisonPlan, comparison_id: str, name: str) -> str:
+def _judge_more_shards(db: Database, settings: Settings, plan: ComparisonPlan, comparison_id: str, name: str,
+                       status: str = "done") -> tuple[str, bool]:
     """Claim and judge further shards of the same comparison in this process, with the plan already open (no
-    new process, no re-planning per shard), each under its own lease, until none is left to claim."""
-    status = "done"
+    new process, no re-planning per shard), each under its own lease, until none is left to claim; then, if
+    this worker finished the last shard, merge here too. ``status``: how the shard judged just before ended
+    (go on only after ``"done"``). Returns the last status and whether this worker merged."""
     while status == "done" and (job_id := claim_shard_of(db, settings, name, comparison_id)) is not None:
         with db.session() as s:
             row = s.get(ComparisonShard, job_id)
@@ -384,7 +390,8 @@ def _judge_more_shards(db: Database, settings: Settings, plan: ComparisonPlan, c
                                        "chained": True})
         try:
             with Heartbeat(db, settings, job_id, name):
-                status = _finish_shard(db, job_id, shards.encode_results(judge_range(plan, start, stop)), name)
+                status = _finish_shard(db, settings, job_id, shards.encode_results(judge_range(plan, start, stop)),
+                                       name)
         except OpbandError as e:
             status = _fail_shard(db, job_id, f"{type(e).__name__}: {e}", name)
         except Exception as e:  # noqa: BLE001 - recorded on the shard's comparison; the worker carries on
@@ -392,7 +399,24 @@ def _judge_more_shards(db: Database, settings: Settings, plan: ComparisonPlan, c
             status = _fail_shard(db, job_id, f"internal error ({type(e).__name__}: {e}); please report it with this "
                                  "comparison id", name)
         log.info("shard finished", extra={"job_id": job_id, "worker": name, "status": status})
-    return status
+    if status != "merge":
+        return status, False
+    log.info("job started", extra={"job_id": comparison_id, "worker": name, "attempt": 1, "phase": "merge",
+                                   "chained": True})
+    try:
+        with Heartbeat(db, settings, comparison_id, name):
+            return _merge(db, plan, comparison_id, name), True
+    except OpbandError as e:
+        return _fail(db, comparison_id, f"{type(e).__name__}: {e}", name), True
+    except Exception as e:  # noqa: BLE001 - recorded on the comparison; the worker carries on
+        log.exception("comparison merge failed", extra={"job_id": comparison_id})
+        return _fail(db, comparison_id, f"internal error ({type(e).__name__}: {e}); please report it with this "
+                     "comparison id", name), True
+
+
+def _merge(db: Database, plan: ComparisonPlan, comparison_id: str, name: str) -> str:
+    """Conclude a sharded comparison from its shards' results and persist it as an unsharded run would."""
+    return persist_report(db, comparison_id, conclude(plan, shards.load_results(db, comparison_id, plan)), name)
 
 
 def _split(db: Database, job: _Job, plan: ComparisonPlan, weights: list[int], n: int, name: str) -> str:
@@ -408,9 +432,9 @@ def _split(db: Database, job: _Job, plan: ComparisonPlan, weights: list[int], n:
     return "sharded"
 
 
-def _finish_shard(db: Database, job_id: str, blob: bytes, name: str) -> str:
+def _finish_shard(db: Database, settings: Settings, job_id: str, blob: bytes, name: str) -> str:
     with _persist_lock(db), db.session() as s:
-        return shards.finish_shard(s, db, job_id, blob, name)
+        return shards.finish_shard(s, db, job_id, blob, name, timedelta(seconds=settings.job_lease_seconds))
 
 
 def _fail_shard(db: Database, job_id: str, error: str, name: str) -> str:
@@ -578,9 +602,9 @@ def _aware(dt: Any) -> Any:
 class WorkerPool:
     """In-process comparison workers (the embedded default): threads that claim and run jobs."""
 
-    def __init__(self, db: Database, store: BlobStore, settings: Settings, poll_seconds: float = 0.5) -> None:
+    def __init__(self, db: Database, store: BlobStore, settings: Settings, poll_seconds: float | None = None) -> None:
         self.db, self.store, self.settings = db, store, settings
-        self.poll_seconds = poll_seconds
+        self.poll_seconds = settings.poll_seconds if poll_seconds is None else poll_seconds
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -624,8 +648,10 @@ class WorkerPool:
 
 
 def run_worker_forever(db: Database, store: BlobStore, settings: Settings,
-                       should_stop: Callable[[], bool] = lambda: False, poll_seconds: float = 1.0) -> None:
-    """``opband worker``: one process claiming jobs from the shared database until stopped."""
+                       should_stop: Callable[[], bool] = lambda: False, poll_seconds: float | None = None) -> None:
+    """``opband worker``: one process claiming jobs from the shared database until stopped (an idle worker
+    looks every ``poll_seconds``, default ``settings.poll_seconds``; after a database error it backs off)."""
+    poll_seconds = settings.poll_seconds if poll_seconds is None else poll_seconds
     name = worker_name()
     start_job_processes(settings, wait=True)
     log.info("worker started", extra={"worker": name})
@@ -634,7 +660,7 @@ def run_worker_forever(db: Database, store: BlobStore, settings: Settings,
             job_id = claim_next(db, settings, name)
         except Exception:  # noqa: BLE001 - database restarting: back off and retry
             log.exception("claiming a job failed", extra={"worker": name})
-            time.sleep(poll_seconds)
+            time.sleep(max(poll_seconds, 1.0))
             continue
         if job_id is None:
             time.sleep(poll_seconds)

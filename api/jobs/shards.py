@@ -15,12 +15,14 @@ lease, retry up to ``max_job_attempts``: :mod:`api.jobs.comparisons`).
    one that was split, judges its range (``judge_range``: reads the tensors, runs the metric kernels)
    and stores the results as JSON (:func:`accuracy.report.op_to_dict`, zlib); then it claims the next
    runnable shard of the same comparison, if any, and judges it in the same process with the plan open.
-   Finishing a shard locks the comparison row; the finish that completes the last shard queues the
-   comparison again.
-3. **merge**: the worker that claims it re-plans, reads the results of every shard in order
+   The worker that split the comparison goes straight on to judge shards with the plan it made.
+   Finishing a shard locks the comparison row; the finish that completes the last shard hands the
+   comparison to its own worker, with a lease, as a claim would.
+3. **merge**: that worker, its plan still open, reads the results of every shard in order
    (:func:`accuracy.report.op_from_dict`, the exact inverse), concludes (FDR over banded ops, unmatched,
-   first divergence, counts) and persists exactly as an unsharded run does. Claims are exclusive,
-   so the merge runs once; a merge whose worker dies is retried like any job.
+   first divergence, counts) and persists exactly as an unsharded run does. Only one finish completes
+   the shards, so the merge runs once; a merge whose worker dies is retried like any job (the claim
+   that takes it over re-plans and checks the plan against the split's).
 
 A shard that fails on its data fails the comparison with the error and cancels its other shards; so
 does a shard whose workers keep dying (``max_job_attempts``).
@@ -33,6 +35,7 @@ import hashlib
 import json
 import logging
 import zlib
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import select, update
@@ -213,8 +216,10 @@ def park_for_shards(s: Any, job: Comparison, ranges: list[tuple[int, int]], weig
                                                      "pairs": shard_plan["pairs"], "bytes": shard_plan["bytes"]})
 
 
-def finish_shard(s: Any, db: Database, job_id: str, blob: bytes, name: str) -> str:
-    """Store a judged shard; the one that completes the comparison's shards queues it for the merge."""
+def finish_shard(s: Any, db: Database, job_id: str, blob: bytes, name: str, lease: timedelta) -> str:
+    """Store a judged shard: ``"done"``; or ``"merge"`` when it completes the comparison's shards: the comparison
+    is then this worker's to merge (running, under a ``lease`` like any claim), with its plan still open. If the
+    worker dies before it has merged, the lease runs out and the next claim merges it."""
     job = lock_comparison(s, db, comparison_of(job_id))
     shard = owned_shard(s, db, job_id, name)
     if job is None or shard is None:
@@ -223,10 +228,12 @@ def finish_shard(s: Any, db: Database, job_id: str, blob: bytes, name: str) -> s
     shard.status, shard.results, shard.finished_at, shard.lease_until = "done", blob, now, None
     assert job.shards is not None and job.shards_done is not None
     job.shards_done += 1
-    if job.shards_done >= job.shards:
-        job.status, job.worker, job.lease_until, job.attempts = "pending", None, None, 0
-        log.info("shards judged: comparison queued for the merge", extra={"job_id": job.id, "shards": job.shards})
-    return "done"
+    if job.shards_done < job.shards:
+        return "done"
+    job.status, job.worker, job.lease_until, job.attempts = "running", name, now + lease, 1
+    log.info("shards judged: the worker of the last one merges", extra={"job_id": job.id, "shards": job.shards,
+                                                                      "worker": name})
+    return "merge"
 
 
 def fail_comparison(s: Any, job: Comparison, error: str, now: Any) -> None:
