@@ -562,6 +562,39 @@ def _error_kernel(r: Any, t: Any, guard: float, tiny: float, one_ulp: float, th0
         hist[c] += sub[0, c] + sub[1, c] + sub[2, c] + sub[3, c]
 
 
+@numba.njit(nogil=True, cache=True)
+def public_histogram(codes: Any, low: int, high: int, ranks: Any, hist: Any, slots: Any) -> int:  # pragma: no cover
+    """Fold the kernel's histogram ``codes`` into ``hist``: slot 0 exact zeros (code 0), slot 1 everything
+    below code ``low``, then codes ``low..high-1`` one slot each, the last slot everything from ``high`` on.
+    For each fraction ``ranks[j]`` of the total, ``slots[j] = (i, count before slot i)`` of the first slot
+    whose cumulative count reaches it (``np.searchsorted(cumsum(hist), rank, "left")``). Returns the total."""
+    last = hist.shape[0] - 1
+    hist[0] = codes[0]
+    below = 0
+    for c in range(1, low):
+        below += codes[c]
+    hist[1] = below
+    for c in range(low, high):
+        hist[2 + c - low] = codes[c]
+    above = 0
+    for c in range(high, codes.shape[0]):
+        above += codes[c]
+    hist[last] = above
+    total = 0
+    for i in range(last + 1):
+        total += hist[i]
+    for j in range(ranks.shape[0]):
+        rank = ranks[j] * total
+        running = 0
+        slots[j, 0], slots[j, 1] = last, total - hist[last]
+        for i in range(last + 1):
+            if running + hist[i] >= rank:
+                slots[j, 0], slots[j, 1] = i, running
+                break
+            running += hist[i]
+    return total
+
+
 class ErrorAccumulator:
     """Running error sums, maxima, counts and histogram codes of one pair, fed chunk by chunk.
 
@@ -657,6 +690,7 @@ def warm_up(errors: bool = False) -> None:
     for fn in SAMPLE_AT.values():
         fn(idx.ctypes.data, idx.ctypes.data, 1, out)
     if errors:
+        public_histogram(np.zeros(N_CODES, np.int64), 1, 2, np.zeros(1), np.zeros(4, np.int64), np.zeros((1, 2), np.int64))
         acc = ErrorAccumulator(2.0**-126, 2.0**-126, 23, (1e-4, 1e-3, 5e-3))
         for dt in (np.float32, np.float64, np.uint16, np.int16):
             z = np.zeros(1, dt)

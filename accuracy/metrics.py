@@ -211,6 +211,17 @@ def compare_arrays(
     values when the arrays hold raw words (``BF16`` as uint16), so they are read undecoded."""
     acc = _accumulator(target_dtype, ref_absmax)
     threads = fused.default_threads()
+    if type(reference) is np.ndarray and type(target) is np.ndarray:  # one array each (a bundle's tensors)
+        r, t = reference.reshape(-1), target.reshape(-1)
+        if r.shape != t.shape:
+            raise ValueError(f"chunk shapes differ: {r.shape} vs {t.shape}")
+        rk, tk = _kernel_input(r, reference_dtype), _kernel_input(t, stored_dtype)
+        if rk.shape[0] <= CHUNK:
+            acc.add(rk, tk, threads)
+        else:
+            for start in range(0, rk.shape[0], CHUNK):
+                acc.add(rk[start : start + CHUNK], tk[start : start + CHUNK], threads)
+        return _finish(acc)
     for r, t in zip(_chunks(reference), _chunks(target), strict=True):
         if r.shape != t.shape:
             raise ValueError(f"chunk shapes differ: {r.shape} vs {t.shape}")
@@ -233,72 +244,75 @@ def _kernel_input(x: np.ndarray, dtype: str | None) -> np.ndarray:
     return k if k is not None else np.asarray(x, np.float64).reshape(-1)
 
 
-def _public_histogram(acc: fused.ErrorAccumulator) -> np.ndarray:
-    codes = acc.hist
-    hist = np.zeros(HIST_SLOTS, np.int64)
-    hist[0] = codes[0]
-    hist[1] = codes[1:_CODE_LOW].sum()
-    hist[2 : 2 + _N_BINS] = codes[_CODE_LOW:_CODE_HIGH]
-    hist[-1] = codes[_CODE_HIGH:].sum()
-    return hist
+def _public_histogram(acc: fused.ErrorAccumulator) -> tuple[list[int], list[float]]:
+    """The public histogram (:data:`HIST_SLOTS` counts) of the kernel's codes, and its :data:`QUANTILES`."""
+    hist = np.empty(HIST_SLOTS, np.int64)
+    slots = np.empty((len(QUANTILES), 2), np.int64)
+    total = fused.public_histogram(acc.hist, _CODE_LOW, _CODE_HIGH, _QUANTILE_RANKS, hist, slots)
+    counts = hist.tolist()
+    if total == 0:
+        return counts, [0.0] * len(QUANTILES)
+    return counts, [_interpolate(idx, q * total, before, counts)
+                    for q, (idx, before) in zip(QUANTILES, slots.tolist(), strict=True)]
+
+
+_QUANTILE_RANKS = np.array(QUANTILES, np.float64)
 
 
 def _finish(acc: fused.ErrorAccumulator) -> Metrics:
-    g = acc.get
-    n, f = int(g("numel")), max(int(g("finite")), 1)
+    v = acc.acc.tolist()  # one conversion; fields by position (fused.ACC_FIELDS)
+    n, f = int(v[_A_NUMEL]), max(int(v[_A_FINITE]), 1)
     m = Metrics(numel=n)
-    m.share_rel_over = {_rel_key(t): 0.0 for t in REL_THRESHOLDS}
-    m.quantiles = {_qname(q): 0.0 for q in QUANTILES}
     if n == 0:
+        m.share_rel_over = dict.fromkeys(_REL_KEYS, 0.0)
+        m.quantiles = dict.fromkeys(_QNAMES, 0.0)
         m.histogram = [0] * HIST_SLOTS
         return m
-    hist = _public_histogram(acc)
+    m.histogram, quantiles = _public_histogram(acc)
     ulp_scale = 2.0**acc.mant
-    sum_sq_err, sum_sq_ref, sum_abs = g("sum_sq_err"), g("sum_sq_ref"), g("sum_abs")
-    m.max_abs = g("max_abs")
+    (sum_abs, sum_err, sum_sq_err, sum_sq_ref, dot_dr, sum_rel, sum_ulp, max_abs, max_rel, ulp_max,
+     over_ulp) = v[_A_SUMS:_A_SUMS + 11]
+    m.max_abs = max_abs
     m.mean_abs = sum_abs / f
     m.rmse = math.sqrt(sum_sq_err / f)
-    m.max_rel = g("max_rel")
-    m.mean_rel = g("sum_rel") / f
-    m.cosine = _cosine(sum_sq_ref, sum_sq_err, g("dot_dr"))
+    m.max_rel = max_rel
+    m.mean_rel = sum_rel / f
+    m.cosine = _cosine(sum_sq_ref, sum_sq_err, dot_dr)
     m.snr_db = 10 * math.log10(sum_sq_ref / sum_sq_err) if sum_sq_err > 0 and sum_sq_ref > 0 else (
         math.inf if sum_sq_err == 0 else -math.inf)
     m.norm_l2 = math.sqrt(sum_sq_err / sum_sq_ref) if sum_sq_ref > 0 else (
         0.0 if sum_sq_err == 0 else math.inf)
-    m.ulp_max = g("ulp_max") * ulp_scale
-    m.ulp_mean = g("sum_ulp") * ulp_scale / f
-    m.share_over_1ulp = g("over_ulp") / f
-    m.share_rel_over = {_rel_key(t): g(f"rel_over_{i}") / f for i, t in enumerate(REL_THRESHOLDS)}
-    m.error_balance = g("sum_err") / sum_abs if sum_abs > 0 else 0.0
-    m.nan_mismatch = int(g("nan_mismatch"))
-    m.inf_mismatch = int(g("inf_mismatch"))
-    m.nan_where_ref_finite = int(g("nan_where_ref_finite"))
-    m.exact_share = (g("exact") + int(hist[0])) / n
-    m.histogram = hist.tolist()
-    m.quantiles = dict(zip(_QNAMES, _quantiles(hist, m.histogram), strict=True))
+    m.ulp_max = ulp_max * ulp_scale
+    m.ulp_mean = sum_ulp * ulp_scale / f
+    m.share_over_1ulp = over_ulp / f
+    m.share_rel_over = {k: v[i] / f for k, i in zip(_REL_KEYS, _A_REL_OVER, strict=True)}
+    m.error_balance = sum_err / sum_abs if sum_abs > 0 else 0.0
+    m.nan_mismatch = int(v[_A_NAN_MISMATCH])
+    m.inf_mismatch = int(v[_A_INF_MISMATCH])
+    m.nan_where_ref_finite = int(v[_A_NAN_WHERE_REF_FINITE])
+    m.exact_share = (v[_A_EXACT] + m.histogram[0]) / n
+    m.quantiles = dict(zip(_QNAMES, quantiles, strict=True))
     return m
+
+
+_A = fused.A
+_A_NUMEL, _A_FINITE, _A_EXACT = _A["numel"], _A["finite"], _A["exact"]
+_A_NAN_MISMATCH, _A_INF_MISMATCH, _A_NAN_WHERE_REF_FINITE = _A["nan_mismatch"], _A["inf_mismatch"], _A["nan_where_ref_finite"]
+_A_SUMS = _A["sum_abs"]
+assert fused.ACC_FIELDS[_A_SUMS:_A_SUMS + 11] == (
+    "sum_abs", "sum_err", "sum_sq_err", "sum_sq_ref", "dot_dr", "sum_rel", "sum_ulp", "max_abs", "max_rel", "ulp_max",
+    "over_ulp"), "_finish reads these in this order"
+_A_REL_OVER = tuple(_A[f"rel_over_{i}"] for i in range(len(REL_THRESHOLDS)))
+_REL_KEYS = tuple(_rel_key(t) for t in REL_THRESHOLDS)
 
 
 _QNAMES = tuple(_qname(q) for q in QUANTILES)
 
 
-def _quantiles(hist: np.ndarray, counts: list[int]) -> list[float]:
-    """:func:`histogram_quantile` for every q in QUANTILES from one cumulative sum."""
-    cum = np.cumsum(hist)
-    total = int(cum[-1])
-    if total == 0:
-        return [0.0] * len(QUANTILES)
-    out = []
-    for q, idx in zip(QUANTILES, np.searchsorted(cum, [q * total for q in QUANTILES], side="left").tolist(),
-                      strict=True):
-        out.append(_interpolate(idx, q * total, int(cum[idx - 1]) if idx else 0, counts))
-    return out
-
-
 def _interpolate(idx: int, rank: float, before: int, counts: list[int]) -> float:
     if idx == 0:
         return 0.0
-    lo, hi = slot_bounds(idx)
+    lo, hi = _SLOT_BOUNDS[idx]
     if idx == 1 or idx == len(counts) - 1:
         return lo if idx == len(counts) - 1 else hi
     frac = (rank - before) / max(counts[idx], 1)
@@ -337,6 +351,9 @@ def slot_bounds(idx: int) -> tuple[float, float]:
     if idx >= HIST_SLOTS - 1:
         return float(HIST_EDGES[-1]), math.inf
     return float(HIST_EDGES[idx - 2]), float(HIST_EDGES[idx - 1])
+
+
+_SLOT_BOUNDS = [slot_bounds(i) for i in range(HIST_SLOTS)]
 
 
 def bin_value(idx: int) -> float:

@@ -29,6 +29,7 @@ from hooks.tensors import (
     StatsBatch,
     StorageMap,
     fast_leaves,
+    plain_payload,
     storage_key,
     stored_payload,
     tensor_dtype_name,
@@ -167,11 +168,13 @@ class Recorder:
                     shapes: list[Any], dtypes: list[Any], input_names: list[str | None] | None,
                     mutated: bool = False) -> None:
         rec_id = key if out_i == 0 else f"{key}:{out_i}"
-        reason = unsupported_reason(t)
-        if reason:
-            self.diagnose(rec_id, f"skipped: {reason}")
-            return
-        payload = stored_payload(t)
+        payload = plain_payload(t)
+        if payload is None:
+            reason = unsupported_reason(t)
+            if reason:
+                self.diagnose(rec_id, f"skipped: {reason}")
+                return
+            payload = stored_payload(t)
         slot = self.stats.add(payload.values, None if mutated else t)
         name = (self._store(rec_id, t, payload, reuse=not mutated, share=self._share_views and not mutated, slot=slot)
                 if self._full else None)

@@ -170,6 +170,23 @@ class Payload:
         self.values = values  # numeric values the statistics are taken over
 
 
+_STRIDED = torch.strided
+_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+
+
+def plain_payload(t: torch.Tensor) -> Payload | None:
+    """:func:`stored_payload` of a plain dense tensor stored as it is (most outputs: float32, bf16 is not),
+    with :func:`unsupported_reason`'s checks in one pass; None for anything else (take the generic path)."""
+    if type(t) is not torch.Tensor:
+        return None
+    as_is = _AS_IS.get(t.dtype)
+    if as_is is None or t.layout is not _STRIDED or t.is_nested or t.is_meta or _functorch_wrapped(t):
+        return None
+    if t.requires_grad:
+        t = t.detach()
+    return Payload(t, as_is[0], as_is[1], None, t)
+
+
 def stored_payload(t: torch.Tensor) -> Payload:
     """Encode ``t`` (already checked by :func:`unsupported_reason`) for the bundle."""
     if t.requires_grad:

@@ -159,6 +159,7 @@ def test_failing_recorder_becomes_diagnostic(tmp_path: Path, monkeypatch: pytest
     def boom(*a: object, **k: object) -> None:
         raise RuntimeError("disk on fire")
 
+    monkeypatch.setattr(recorder, "plain_payload", boom)  # the plain-tensor fast path
     monkeypatch.setattr(recorder, "stored_payload", boom)
     x = torch.ones(3)
     out, b = _capture(tmp_path, lambda x: x * 2, x)
