@@ -192,10 +192,20 @@ class TensorTable(Mapping[str, TensorInfo]):
             if slot is None:
                 raise KeyError(name)
             info = self.info(slot)
-            if len(self._recent) >= 64:
+            if self._by_name is None and len(self._recent) >= 64:  # a small table keeps every one looked up
                 self._recent.clear()
             self._recent[name] = info
         return info
+
+    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+        """``self[name]``, or ``default`` (without ``Mapping.get``'s exception round trip on a hit)."""
+        info = self._recent.get(name)
+        if info is not None:
+            return info
+        try:
+            return self[name]
+        except KeyError:
+            return default
 
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and (name in self._recent or self.slot(name) is not None)
