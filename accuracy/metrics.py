@@ -32,7 +32,7 @@ Definitions (``r`` reference, ``t`` target, over elements where both are finite)
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -211,31 +211,22 @@ def compare_arrays(
     values when the arrays hold raw words (``BF16`` as uint16), so they are read undecoded."""
     acc = _accumulator(target_dtype, ref_absmax)
     threads = fused.default_threads()
-    if type(reference) is np.ndarray and type(target) is np.ndarray:  # one array each (a bundle's tensors)
-        r, t = reference.reshape(-1), target.reshape(-1)
-        if r.shape != t.shape:
-            raise ValueError(f"chunk shapes differ: {r.shape} vs {t.shape}")
-        rk, tk = _kernel_input(r, reference_dtype), _kernel_input(t, stored_dtype)
-        if rk.shape[0] <= CHUNK:
-            acc.add(rk, tk, threads)
-        else:
-            for start in range(0, rk.shape[0], CHUNK):
-                acc.add(rk[start : start + CHUNK], tk[start : start + CHUNK], threads)
-        return _finish(acc)
     for r, t in zip(_chunks(reference), _chunks(target), strict=True):
         if r.shape != t.shape:
             raise ValueError(f"chunk shapes differ: {r.shape} vs {t.shape}")
         rk, tk = _kernel_input(r, reference_dtype), _kernel_input(t, stored_dtype)
+        if rk.shape[0] <= CHUNK:  # most tensors: no slicing
+            acc.add(rk, tk, threads)
+            continue
         for start in range(0, rk.shape[0], CHUNK):
             acc.add(rk[start : start + CHUNK], tk[start : start + CHUNK], threads)
     return _finish(acc)
 
 
-def _chunks(x: np.ndarray | Iterable[np.ndarray]) -> Iterator[np.ndarray]:
+def _chunks(x: np.ndarray | Iterable[np.ndarray]) -> Iterable[np.ndarray]:
     if isinstance(x, np.ndarray):
-        yield x.reshape(-1)
-    else:
-        yield from (np.asarray(c).reshape(-1) for c in x)
+        return (x.reshape(-1),)  # a tuple, not a generator: the common case, one array a side
+    return (np.asarray(c).reshape(-1) for c in x)
 
 
 def _kernel_input(x: np.ndarray, dtype: str | None) -> np.ndarray:

@@ -268,6 +268,23 @@ def test_killed_shard_is_retried_and_the_result_is_whole(service: Service) -> No
     assert got["first_divergence"] == want["first_divergence"]
 
 
+def run_unsharded(service: Service, ref: str, tgt: str) -> str:
+    """Queue and run, in this process, the comparison of ``ref`` and ``tgt`` that is never split: the expected result."""
+    job = service.queue("p", ref, tgt, shards_asked=1)
+    assert jobs.claim_next(service.db, service.settings, "w") == job
+    assert jobs.run_job(service.db, service.svc.store, service.settings, job, "w") == "done"
+    return job
+
+
+def judged_shards(service: Service, ref: str, tgt: str, job: str) -> list[bytes]:
+    """Each shard of ``job`` judged here, as the results blob its worker would store."""
+    with service.db.session() as s:
+        keys = [s.get(BundleRow, b).storage_key for b in (ref, tgt)]  # type: ignore[union-attr]
+    with service.svc.store.local_path(keys[0]) as rp, service.svc.store.local_path(keys[1]) as tp:
+        plan = plan_comparison(rp, tp)
+        return [shards.encode_results(judge_range(plan, r.start, r.stop)) for r in service.shard_rows(job)]
+
+
 def split_only(service: Service, job: str, settings: Settings | None = None) -> None:
     """Claim and split ``job`` in this process without judging its shards (a splitter goes on to judge them;
     here other workers are to): the shards are left pending."""
@@ -318,9 +335,7 @@ def _race(target: Any, args: list[tuple[Any, ...]]) -> list[tuple[str, Any]]:
 def test_two_workers_racing_on_the_last_shards_and_the_merge_merge_once(service: Service) -> None:
     ops = _ops(30)
     ref, tgt = pair(service, "p", ops)
-    expected = service.queue("p", ref, tgt)
-    assert jobs.claim_next(service.db, service.settings, "w") == expected
-    assert jobs.run_job(service.db, service.svc.store, service.settings, expected, "w") == "done"
+    expected = run_unsharded(service, ref, tgt)
     job = service.queue("p", ref, tgt, shards_asked=3)
     # split it, and judge the first shard, in this process; then hold the other two as two workers
     split_only(service, job)
@@ -330,12 +345,7 @@ def test_two_workers_racing_on_the_last_shards_and_the_merge_merge_once(service:
     assert jobs.run_job(service.db, service.svc.store, service.settings, first, "w0") == "done"
     assert service.row(job).status == "running" and service.row(job).shards_done == 1
     # both finish at once (judged here, stored there): exactly one of them completes the shards and queues the merge
-    blobs = []
-    with service.db.session() as s:
-        keys = [s.get(BundleRow, b).storage_key for b in (ref, tgt)]  # type: ignore[union-attr]
-    with service.svc.store.local_path(keys[0]) as rp, service.svc.store.local_path(keys[1]) as tp:
-        plan = plan_comparison(rp, tp)
-        blobs = [shards.encode_results(judge_range(plan, s.start, s.stop)) for s in service.shard_rows(job)[1:]]
+    blobs = judged_shards(service, ref, tgt, job)[1:]
     finished = _race(_finish_in_process, [(service.url, str(service.data_dir), held[i], f"w{i + 1}", blobs[i])
                                           for i in range(2)])
     assert sorted(s for _, s in finished) == ["done", "merge"], finished
@@ -360,18 +370,12 @@ def test_a_merger_that_dies_leaves_the_merge_to_the_next_claim(service: Service)
 
     ops = _ops(20)
     ref, tgt = pair(service, "p", ops)
-    expected = service.queue("p", ref, tgt)
-    assert jobs.claim_next(service.db, service.settings, "w") == expected
-    assert jobs.run_job(service.db, service.svc.store, service.settings, expected, "w") == "done"
+    expected = run_unsharded(service, ref, tgt)
     job = service.queue("p", ref, tgt, shards_asked=2)
     split_only(service, job)
     ids = [jobs.claim_next(service.db, service.settings, "dies") for _ in range(2)]
-    with service.db.session() as s:
-        keys = [s.get(BundleRow, b).storage_key for b in (ref, tgt)]  # type: ignore[union-attr]
-    with service.svc.store.local_path(keys[0]) as rp, service.svc.store.local_path(keys[1]) as tp:
-        plan = plan_comparison(rp, tp)
-        statuses = [jobs._finish_shard(service.db, service.settings, i, shards.encode_results(
-            judge_range(plan, r.start, r.stop)), "dies") for i, r in zip(ids, service.shard_rows(job), strict=True)]
+    statuses = [jobs._finish_shard(service.db, service.settings, i, blob, "dies")
+                for i, blob in zip(ids, judged_shards(service, ref, tgt, job), strict=True)]
     assert statuses == ["done", "merge"]
     assert jobs.claim_next(service.db, service.settings, "rescuer") is None, "the merge is held under a lease"
     with service.db.session() as s:  # ... which runs out: the worker died before merging
