@@ -22,6 +22,7 @@ an override must give every field of the budget it replaces, or it is refused wi
 from __future__ import annotations
 
 import fnmatch
+import functools
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -194,6 +195,7 @@ def declared_dtype(variant: str) -> str:
     return _VARIANT_DTYPE.get(variant, "float32")
 
 
+@functools.lru_cache(maxsize=8192)  # pure, asked once per judged pair
 def precision_trap(reference_dtype: str, target_dtype: str, variant: str) -> str | None:
     """Words for an op that computed in a lower precision than both the reference and the run's declared
     precision (casts around a GEMM in an fp32 run, an fp16 kernel in a bf16 port), else None.
@@ -208,6 +210,7 @@ def precision_trap(reference_dtype: str, target_dtype: str, variant: str) -> str
     return None
 
 
+@functools.lru_cache(maxsize=8192)  # pure, asked once per judged pair
 def judged_dtype(reference_dtype: str, target_dtype: str, variant: str, mode: str) -> str:
     """The dtype whose budget an op is held to: :func:`effective_dtype`, except that a precision trap
     is held to the run's declared precision."""
@@ -258,6 +261,7 @@ def auxiliary_output(op: str, output: int) -> str | None:
     return AUXILIARY_OUTPUTS.get(base, {}).get(output)
 
 
+@functools.lru_cache(maxsize=8192)  # pure, asked once per judged pair
 def default_budget(op: str, kind: str, dtype: str, mode: str = "propagated", reduction: int = 1) -> Budget:
     """The default budget of one op for a target ``dtype`` (see the module docstring)."""
     u = machine_eps(dtype) or machine_eps("float32")

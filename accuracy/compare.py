@@ -26,6 +26,7 @@ from accuracy.budgets import DTYPE_MAX, Budget, BudgetPolicy, auxiliary_output, 
 from accuracy.bundle import Bundle
 from accuracy.errors import BundleError, OpbandError
 from accuracy.divergence import BundleDataflow, mark_first_divergence
+from accuracy.gcpause import paused_gc
 from accuracy.fingerprints import ParameterDifference, input_difference, parameter_differences
 from accuracy.manifest import Record, shape_signature
 from accuracy.records import KINDS, RecordIndex
@@ -145,6 +146,7 @@ def target_name(b: Bundle) -> str:
     return str(run.get("target") or f"{b.manifest.device}/{b.manifest.variant}")
 
 
+@paused_gc()
 def compare(
     reference: str | os.PathLike[str] | Bundle,
     target: str | os.PathLike[str] | Bundle,
@@ -189,6 +191,7 @@ class ComparisonPlan:
     context: _Context
 
 
+@paused_gc()
 def plan_comparison(
     reference: str | os.PathLike[str] | Bundle,
     target: str | os.PathLike[str] | Bundle,
@@ -243,6 +246,7 @@ def plan_comparison(
     return ComparisonPlan(ref, tgt, gold, mode, replayed, pairs, unmatched, judge_ctx)
 
 
+@paused_gc()
 def judge_range(plan: ComparisonPlan, start: int, stop: int,
                 progress: Callable[[int, int], None] | None = None) -> list[OpResult]:
     """Measure and judge ``plan.pairs[start:stop]`` (before FDR control over bands, which
@@ -281,6 +285,7 @@ class Tally:
             self.on_pass(passed)
 
 
+@paused_gc()
 def judge_streamed(plan: ComparisonPlan, progress: Callable[[int, int], None] | None = None,
                    on_pass: Callable[[list[OpResult]], None] | None = None) -> Tally:
     """:func:`judge_range` over every pair, in batches, into a :class:`Tally` (memory flat in the number
@@ -298,6 +303,7 @@ def judge_streamed(plan: ComparisonPlan, progress: Callable[[int, int], None] | 
     return tally
 
 
+@paused_gc()
 def conclude(plan: ComparisonPlan, results: list[OpResult] | Tally) -> ComparisonReport:
     """The report from the judged results of all of ``plan.pairs``, in order (or their :class:`Tally`):
     FDR control over the banded ops, the unmatched records, the first divergence, parameter findings

@@ -563,11 +563,14 @@ def _error_kernel(r: Any, t: Any, guard: float, tiny: float, one_ulp: float, th0
 
 
 @numba.njit(nogil=True, cache=True)
-def public_histogram(codes: Any, low: int, high: int, ranks: Any, hist: Any, slots: Any) -> int:  # pragma: no cover
+def public_histogram(codes: Any, low: int, high: int, ranks: Any, bounds: Any, hist: Any,
+                     quantiles: Any) -> int:  # pragma: no cover - compiled
     """Fold the kernel's histogram ``codes`` into ``hist``: slot 0 exact zeros (code 0), slot 1 everything
     below code ``low``, then codes ``low..high-1`` one slot each, the last slot everything from ``high`` on.
-    For each fraction ``ranks[j]`` of the total, ``slots[j] = (i, count before slot i)`` of the first slot
-    whose cumulative count reaches it (``np.searchsorted(cumsum(hist), rank, "left")``). Returns the total."""
+    ``quantiles[j]``: the ``ranks[j]`` quantile, in the first slot whose cumulative count reaches that
+    fraction of the total (``np.searchsorted(cumsum(hist), rank, "left")``), interpolated geometrically
+    between the slot's ``bounds`` (0 in slot 0; the open slots 1 and last give their one finite bound).
+    Returns the total."""
     last = hist.shape[0] - 1
     hist[0] = codes[0]
     below = 0
@@ -584,14 +587,25 @@ def public_histogram(codes: Any, low: int, high: int, ranks: Any, hist: Any, slo
     for i in range(last + 1):
         total += hist[i]
     for j in range(ranks.shape[0]):
+        quantiles[j] = 0.0
+        if total == 0:
+            continue
         rank = ranks[j] * total
         running = 0
-        slots[j, 0], slots[j, 1] = last, total - hist[last]
+        idx, before = last, total - hist[last]
         for i in range(last + 1):
             if running + hist[i] >= rank:
-                slots[j, 0], slots[j, 1] = i, running
+                idx, before = i, running
                 break
             running += hist[i]
+        lo, hi = bounds[idx, 0], bounds[idx, 1]
+        if idx == last:
+            quantiles[j] = lo
+        elif idx == 1:
+            quantiles[j] = hi
+        elif idx > 1:
+            frac = min(max((rank - before) / max(hist[idx], 1), 0.0), 1.0)
+            quantiles[j] = lo * (hi / lo) ** frac
     return total
 
 
@@ -690,7 +704,7 @@ def warm_up(errors: bool = False) -> None:
     for fn in SAMPLE_AT.values():
         fn(idx.ctypes.data, idx.ctypes.data, 1, out)
     if errors:
-        public_histogram(np.zeros(N_CODES, np.int64), 1, 2, np.zeros(1), np.zeros(4, np.int64), np.zeros((1, 2), np.int64))
+        public_histogram(np.zeros(N_CODES, np.int64), 1, 2, np.zeros(1), np.ones((4, 2)), np.zeros(4, np.int64), np.zeros(1))
         acc = ErrorAccumulator(2.0**-126, 2.0**-126, 23, (1e-4, 1e-3, 5e-3))
         for dt in (np.float32, np.float64, np.uint16, np.int16):
             z = np.zeros(1, dt)

@@ -43,10 +43,10 @@ class Record(BaseModel):
     """One captured tensor: an output (or input) of one op call."""
 
     model_config = ConfigDict(extra="forbid", ser_json_inf_nan="strings")
-    key: str = Field(description="op key: module path + '/' + op + '#' + ordinal")
+    key: str = Field(max_length=4096, description="op key: module path + '/' + op + '#' + ordinal")
     output: int = 0
-    module: str
-    op: str
+    module: str = Field(max_length=4096)
+    op: str = Field(max_length=4096)
     ordinal: int = 0
     kind: RecordKind = "aten"
     index: int = Field(description="execution order of the op call")
@@ -78,13 +78,6 @@ class Record(BaseModel):
     def shape_signature(self) -> str:
         """Input shapes as one string, e.g. ``2x8x64,64x64`` (``-`` for non-tensor inputs)."""
         return shape_signature(self.input_shapes)
-
-    @field_validator("key", "module", "op")
-    @classmethod
-    def _bounded(cls, v: str) -> str:
-        if len(v) > 4096:
-            raise ValueError("longer than 4096 characters")
-        return v
 
 
 class TensorPrint(BaseModel):

@@ -31,6 +31,7 @@ Definitions (``r`` reference, ``t`` target, over elements where both are finite)
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable
 from collections.abc import Mapping
@@ -73,6 +74,7 @@ FLOAT_FORMATS: dict[str, tuple[int, float]] = {
 INT_DTYPES = ("int8", "qint8", "quint8", "int16", "int32", "int64", "uint8", "bool", "qint32")
 
 
+@functools.cache
 def machine_eps(dtype: str) -> float:
     """Unit roundoff (half an ulp at 1.0) of a float dtype name; int8 (int4) uses half its 1/127 (1/15) step."""
     if dtype in FLOAT_FORMATS:
@@ -238,13 +240,9 @@ def _kernel_input(x: np.ndarray, dtype: str | None) -> np.ndarray:
 def _public_histogram(acc: fused.ErrorAccumulator) -> tuple[list[int], list[float]]:
     """The public histogram (:data:`HIST_SLOTS` counts) of the kernel's codes, and its :data:`QUANTILES`."""
     hist = np.empty(HIST_SLOTS, np.int64)
-    slots = np.empty((len(QUANTILES), 2), np.int64)
-    total = fused.public_histogram(acc.hist, _CODE_LOW, _CODE_HIGH, _QUANTILE_RANKS, hist, slots)
-    counts = hist.tolist()
-    if total == 0:
-        return counts, [0.0] * len(QUANTILES)
-    return counts, [_interpolate(idx, q * total, before, counts)
-                    for q, (idx, before) in zip(QUANTILES, slots.tolist(), strict=True)]
+    quantiles = np.empty(len(QUANTILES), np.float64)
+    fused.public_histogram(acc.hist, _CODE_LOW, _CODE_HIGH, _QUANTILE_RANKS, _SLOT_BOUND_ARRAY, hist, quantiles)
+    return hist.tolist(), quantiles.tolist()
 
 
 _QUANTILE_RANKS = np.array(QUANTILES, np.float64)
@@ -345,6 +343,7 @@ def slot_bounds(idx: int) -> tuple[float, float]:
 
 
 _SLOT_BOUNDS = [slot_bounds(i) for i in range(HIST_SLOTS)]
+_SLOT_BOUND_ARRAY = np.array(_SLOT_BOUNDS, np.float64)  # what the compiled quantiles read
 
 
 def bin_value(idx: int) -> float:

@@ -19,6 +19,7 @@ from accuracy.errors import BundleError
 from accuracy.manifest import Record, RecordKind
 
 KINDS: tuple[RecordKind, ...] = ("module", "aten", "api", "grad")
+_KIND_CODES = {k: i for i, k in enumerate(KINDS)}
 
 
 class _Interner:
@@ -52,7 +53,7 @@ class RecordIndex:
         c = self._cols
         c["index"].append(r.index)
         c["output"].append(r.output)
-        c["kind"].append(KINDS.index(r.kind))
+        c["kind"].append(_KIND_CODES[r.kind])
         c["module"].append(self._modules(r.module))
         c["op"].append(self._ops(r.op))
         c["shape"].append(self._shapes(tuple(r.shape)))

@@ -162,6 +162,21 @@ def test_quantiles_from_the_histogram() -> None:
     assert histogram_quantile([0] * M.HIST_SLOTS, 0.5) == 0.0
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_compiled_quantiles_equal_histogram_quantile(seed: int) -> None:
+    """The metric suite's quantiles (interpolated in the compiled histogram fold) are exactly what
+    :func:`histogram_quantile` reads from the same histogram, in every kind of slot: exact zeros, below
+    the lowest edge, interior and overflow."""
+    rng = np.random.default_rng(seed)
+    r = rng.standard_normal(5000).astype(np.float32)
+    err = r * rng.choice([0.0, 1e-30, 1e-6, 1e-3, 0.5, 1e30], size=r.size, p=[0.3, 0.05, 0.3, 0.2, 0.1, 0.05])
+    m = compare_arrays(r, (r + err).astype(np.float32))
+    assert sum(m.histogram) == r.size
+    for q in M.QUANTILES:
+        assert m.quantiles[M._qname(q)] == histogram_quantile(m.histogram, q)
+    assert compare_arrays(r[:0], r[:0]).quantiles == dict.fromkeys(m.quantiles, 0.0)
+
+
 def test_histogram_slots_cover_the_edges() -> None:
     errs = np.array([0.0, 2.0**-45, 2.0**-40, 1.0, 1.3, 2.0**16, np.float32(3e38)], np.float32)
     m = compare_arrays(np.zeros_like(errs), errs)

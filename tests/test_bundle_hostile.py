@@ -60,3 +60,46 @@ def test_header_length_starting_with_0x80_is_not_mistaken_for_a_pickle(tmp_path:
 def test_generator_writes_every_case(tmp_path: Path) -> None:
     generate.main(str(tmp_path))
     assert len(list(tmp_path.glob("*.bundle"))) == len(generate.CASES)
+
+
+def test_writer_headers_take_the_fast_path_and_free_form_headers_read_the_same(tmp_path: Path, monkeypatch) -> None:
+    """BundleWriter's compact entries are read by one regex match each (the JSON decoder never sees
+    them); the same header re-spelled (spaces, keys reordered, escapes) reads to the same table."""
+    import json
+    import struct
+
+    import numpy as np
+
+    from accuracy import bundle as bundle_mod
+    from accuracy.bundle import BundleWriter
+    from accuracy.manifest import Manifest
+
+    path = tmp_path / "w.bundle"
+    w = BundleWriter(path)
+    w.add_array("a/aten.mm#0", np.arange(6, dtype=np.float32).reshape(2, 3))
+    w.add_array("scalar", np.float64(2.5).reshape(()))
+    w.add_array("é \u2603 \"quoted\"", np.zeros(0, np.int8))  # escapes: the decoder path
+    w.close(Manifest())
+    data = path.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + n])
+
+    def entries(b: Bundle) -> list[tuple[str, str, tuple[int, ...], int, int]]:
+        return sorted((i.name, i.dtype, i.shape, i.begin, i.end) for i in b.tensors.values())
+
+    decoded: list[str] = []
+    real_check = bundle_mod._check_entry
+    monkeypatch.setattr(bundle_mod, "_check_entry", lambda name, entry: (decoded.append(name), real_check(name, entry))[1])
+    fast = entries(Bundle.open(path))
+    assert decoded == ['é ☃ "quoted"']  # only the name with escapes went through the decoder
+    assert ("a/aten.mm#0", "F32", (2, 3), 0, 24) in fast and ("scalar", "F64", (), 24, 32) in fast
+
+    respelled = {k: ({"data_offsets": v["data_offsets"], "shape": v["shape"], "dtype": v["dtype"]} if k != "__metadata__"
+                     else v) for k, v in header.items()}
+    text = json.dumps(respelled, indent=1, ensure_ascii=True).encode()
+    text += b" " * (-len(text) % 8)
+    path2 = tmp_path / "respelled.bundle"
+    path2.write_bytes(struct.pack("<Q", len(text)) + text + data[8 + n :])
+    decoded.clear()
+    assert entries(Bundle.open(path2)) == fast
+    assert len(decoded) == 4  # every entry, the records tensor's too

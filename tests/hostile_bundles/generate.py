@@ -30,20 +30,22 @@ def manifest(records: list[dict[str, Any]] | None = None, version: str = "1.0") 
     return json.dumps({"format_version": version, "records": recs}, separators=(",", ":"))
 
 
-def header_bytes(header: dict[str, Any] | str | bytes, pad: bool = True) -> bytes:
-    raw = header if isinstance(header, bytes) else (header if isinstance(header, str) else json.dumps(header)).encode()
+def header_bytes(header: dict[str, Any] | str | bytes, pad: bool = True, compact: bool = False) -> bytes:
+    """``compact``: JSON as BundleWriter spells it (no spaces), which the reader parses by its fast path."""
+    text = json.dumps(header, separators=(",", ":") if compact else None) if isinstance(header, dict) else header
+    raw = text if isinstance(text, bytes) else text.encode()
     if pad:
         raw += b" " * (-len(raw) % 8)
     return struct.pack("<Q", len(raw)) + raw
 
 
 def bundle(tensors: dict[str, dict[str, Any]] | None = None, data: bytes | None = None,
-           man: str | None = None, meta: dict[str, Any] | None = None) -> bytes:
+           man: str | None = None, meta: dict[str, Any] | None = None, compact: bool = False) -> bytes:
     """A bundle from parts; defaults make a valid one-tensor bundle (two float32 values)."""
     tensors = tensors if tensors is not None else {"m/aten.mul#0": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}
     meta = meta if meta is not None else {"format": FORMAT, "opband.manifest": man if man is not None else manifest()}
     data = data if data is not None else struct.pack("<2f", 1.0, 2.0)
-    return header_bytes({"__metadata__": meta, **tensors}) + data
+    return header_bytes({"__metadata__": meta, **tensors}, compact=compact) + data
 
 
 def _zip() -> bytes:
@@ -96,6 +98,20 @@ CASES: dict[str, Callable[[], tuple[bytes, str]]] = {
                              "non-negative"),
     "huge_shape_overflow": lambda: (bundle(tensors={"m/aten.mul#0": {"dtype": "F32", "shape": [2**62, 2**62],
                                                                        "data_offsets": [0, 8]}}), "do not match shape"),
+    # the same broken entries spelled as BundleWriter writes them (the reader's fast path checks them too)
+    "bad_dtype_compact": lambda: (bundle(tensors={"m/aten.mul#0": {"dtype": "F128", "shape": [2], "data_offsets": [0, 8]}},
+                                         compact=True), "unknown dtype"),
+    "shape_offset_mismatch_compact": lambda: (bundle(tensors={"m/aten.mul#0": {"dtype": "F32", "shape": [3],
+                                                                                 "data_offsets": [0, 8]}}, compact=True),
+                                              "do not match"),
+    "huge_shape_overflow_compact": lambda: (bundle(tensors={"m/aten.mul#0": {"dtype": "F32", "shape": [2**62, 2**62],
+                                                                               "data_offsets": [0, 8]}}, compact=True),
+                                            "do not match"),
+    "too_many_dims_compact": lambda: (bundle(tensors={"m/aten.mul#0": {"dtype": "F32", "shape": [1] * 65 + [2],
+                                                                         "data_offsets": [0, 8]}}, compact=True),
+                                      "at most 64"),
+    "hole_compact": lambda: (bundle(tensors={"m/aten.mul#0": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}},
+                                    data=b"\x00" * 12, compact=True), "hole or overlap"),
     "float_offsets": lambda: (bundle(tensors={"m/aten.mul#0": {"dtype": "F32", "shape": [2], "data_offsets": [0.0, 8.0]}}),
                               "two integers"),
     "extra_entry_field": lambda: (bundle(tensors={"m/aten.mul#0": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8],
