@@ -23,6 +23,7 @@ from sqlalchemy import insert, select
 from sqlalchemy.exc import IntegrityError
 
 from accuracy.bundle import Bundle
+from accuracy.gcpause import paused_gc
 from accuracy.errors import BundleError
 from accuracy.manifest import Record, RunNames
 from api.store.db import Database
@@ -148,6 +149,7 @@ class Inspected:
     names: RunNames
 
 
+@paused_gc()  # a child process (``isolate``) in the server: a Record per line, no cycles
 def inspect_bundle(path: Path, records_path: Path, limits: IngestLimits, names: RunNames | None = None) -> Inspected:
     """Open and validate a bundle and write its records' indexed fields to ``records_path`` (one JSON
     array per line), streaming them: memory stays flat in the number of records (a format 1.x manifest,
