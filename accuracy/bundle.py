@@ -139,7 +139,6 @@ class TensorTable(Mapping[str, TensorInfo]):
         by_hash = np.argsort(cols["hash"], kind="stable")
         self._hash_keys, self._hash_slots = cols["hash"][by_hash], by_hash.astype(np.int32)
         self._hash_col, self._last = cols["hash"], -1
-        n = len(self.begin)
         # a table of few tensors also keeps a plain dict (and plain columns): lookups in ~0.1 us, not ~5
         if self._name_list is not None:
             by_name: dict[str, int] = {}
@@ -858,24 +857,16 @@ def _parse_header(text: str) -> tuple[Any, TensorTable]:
                 shape = tuple(map(int, dims.split(","))) if dims else ()
                 table.add(name, *_checked_entry(name, dtype, shape, int(begin), int(end)))
                 pos = canonical.end()
-                if text.startswith(",", pos):
-                    pos += 1
-                    continue
-                pos = _WS(text, pos).end()
-                if pos < len(text) and text[pos] == ",":
-                    pos = _WS(text, pos + 1).end()
-                    continue
-                pos = expect("}", pos)
-                break
-            name, pos = scanstring(text, expect('"', pos), True)
-            pos = _WS(text, expect(":", _WS(text, pos).end())).end()
-            value, pos = decoder.raw_decode(text, pos)
-            if name == "__metadata__":
-                if metadata is not _MISSING:
-                    raise BundleError("duplicate JSON key '__metadata__': a bundle header must name each entry once")
-                metadata = value
             else:
-                table.add(name, *_check_entry(name, value))
+                name, pos = scanstring(text, expect('"', pos), True)
+                pos = _WS(text, expect(":", _WS(text, pos).end())).end()
+                value, pos = decoder.raw_decode(text, pos)
+                if name == "__metadata__":
+                    if metadata is not _MISSING:
+                        raise BundleError("duplicate JSON key '__metadata__': a bundle header must name each entry once")
+                    metadata = value
+                else:
+                    table.add(name, *_check_entry(name, value))
             pos = _WS(text, pos).end()
             if pos < len(text) and text[pos] == ",":
                 pos = _WS(text, pos + 1).end()
@@ -898,7 +889,7 @@ def _check_entry(name: str, entry: Any) -> tuple[str, tuple[int, ...], int, int]
     if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
         raise BundleError(f"tensor {name!r}: entry must have exactly dtype, shape, data_offsets")
     dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-    if not isinstance(dtype, str) or dtype not in DTYPES:
+    if not isinstance(dtype, str):  # known names are checked with the rest in _checked_entry
         raise BundleError(f"tensor {name!r}: unknown dtype {dtype!r}")
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
         raise BundleError(f"tensor {name!r}: shape must be a list of non-negative integers")

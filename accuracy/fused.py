@@ -567,10 +567,7 @@ def public_histogram(codes: Any, low: int, high: int, ranks: Any, bounds: Any, h
                      quantiles: Any) -> int:  # pragma: no cover - compiled
     """Fold the kernel's histogram ``codes`` into ``hist``: slot 0 exact zeros (code 0), slot 1 everything
     below code ``low``, then codes ``low..high-1`` one slot each, the last slot everything from ``high`` on.
-    ``quantiles[j]``: the ``ranks[j]`` quantile, in the first slot whose cumulative count reaches that
-    fraction of the total (``np.searchsorted(cumsum(hist), rank, "left")``), interpolated geometrically
-    between the slot's ``bounds`` (0 in slot 0; the open slots 1 and last give their one finite bound).
-    Returns the total."""
+    ``quantiles``: its :func:`histogram_quantiles` at ``ranks``. Returns the total."""
     last = hist.shape[0] - 1
     hist[0] = codes[0]
     below = 0
@@ -586,6 +583,17 @@ def public_histogram(codes: Any, low: int, high: int, ranks: Any, bounds: Any, h
     total = 0
     for i in range(last + 1):
         total += hist[i]
+    histogram_quantiles(hist, total, ranks, bounds, quantiles)
+    return total
+
+
+@numba.njit(nogil=True, cache=True)
+def histogram_quantiles(hist: Any, total: int, ranks: Any, bounds: Any, quantiles: Any) -> None:  # pragma: no cover
+    """``quantiles[j]``: the ``ranks[j]`` quantile of a public histogram of ``total`` counts, in the first
+    slot whose cumulative count reaches that fraction (``np.searchsorted(cumsum(hist), rank, "left")``),
+    interpolated geometrically between the slot's ``bounds`` (0 in slot 0; the open slots 1 and last
+    give their one finite bound); all 0 when the histogram is empty."""
+    last = hist.shape[0] - 1
     for j in range(ranks.shape[0]):
         quantiles[j] = 0.0
         if total == 0:
@@ -606,7 +614,6 @@ def public_histogram(codes: Any, low: int, high: int, ranks: Any, bounds: Any, h
         elif idx > 1:
             frac = min(max((rank - before) / max(hist[idx], 1), 0.0), 1.0)
             quantiles[j] = lo * (hi / lo) ** frac
-    return total
 
 
 class ErrorAccumulator:

@@ -298,16 +298,6 @@ _REL_KEYS = tuple(_rel_key(t) for t in REL_THRESHOLDS)
 _QNAMES = tuple(_qname(q) for q in QUANTILES)
 
 
-def _interpolate(idx: int, rank: float, before: int, counts: list[int]) -> float:
-    if idx == 0:
-        return 0.0
-    lo, hi = _SLOT_BOUNDS[idx]
-    if idx == 1 or idx == len(counts) - 1:
-        return lo if idx == len(counts) - 1 else hi
-    frac = (rank - before) / max(counts[idx], 1)
-    return float(lo * (hi / lo) ** min(max(frac, 0.0), 1.0))
-
-
 def _cosine(rr: float, dd: float, dr: float) -> float:
     """cos(r, t) from |r|^2, |d|^2 and d.r (t = r + d), accurate when it is close to 1."""
     tt = rr + 2 * dr + dd
@@ -320,15 +310,12 @@ def _cosine(rr: float, dd: float, dr: float) -> float:
 
 
 def histogram_quantile(hist: np.ndarray | list[int], q: float) -> float:
-    """The q-quantile of |error| read from the histogram, interpolated geometrically in its bin."""
+    """The q-quantile of |error| read from the histogram, interpolated geometrically in its bin
+    (the same compiled reading as the metric suite's quantiles)."""
     counts = np.asarray(hist, dtype=np.int64)
-    total = int(counts.sum())
-    if total == 0:
-        return 0.0
-    cum = np.cumsum(counts)
-    rank = q * total
-    idx = int(np.searchsorted(cum, rank, side="left"))
-    return _interpolate(idx, rank, int(cum[idx - 1]) if idx else 0, counts.tolist())
+    out = np.empty(1, np.float64)
+    fused.histogram_quantiles(counts, int(counts.sum()), np.array([q], np.float64), _SLOT_BOUND_ARRAY, out)
+    return float(out[0])
 
 
 def slot_bounds(idx: int) -> tuple[float, float]:
@@ -342,8 +329,7 @@ def slot_bounds(idx: int) -> tuple[float, float]:
     return float(HIST_EDGES[idx - 2]), float(HIST_EDGES[idx - 1])
 
 
-_SLOT_BOUNDS = [slot_bounds(i) for i in range(HIST_SLOTS)]
-_SLOT_BOUND_ARRAY = np.array(_SLOT_BOUNDS, np.float64)  # what the compiled quantiles read
+_SLOT_BOUND_ARRAY = np.array([slot_bounds(i) for i in range(HIST_SLOTS)], np.float64)  # what the compiled quantiles read
 
 
 def bin_value(idx: int) -> float:
