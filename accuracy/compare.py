@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -597,20 +597,13 @@ def _measure(ref: Bundle | None, tgt: Bundle, r: Record | None, t: Record) -> Me
             return compare_discrete(ref.iter_chunks(r.tensor), tgt.iter_chunks(t.tensor))
         absmax = r.stats.absmax if r.stats and r.stats.absmax is not None else None
         top = DTYPE_MAX.get(t.dtype)
-        if top is not None and absmax is not None and absmax > top:  # beyond the target's range: compare clipped
-            ref_chunks, tgt_chunks = _clipped(ref.iter_chunks(r.tensor), top), _clipped(tgt.iter_chunks(t.tensor), top)
-            return compare_arrays(ref_chunks, tgt_chunks, t.dtype, top)
         (rv, rtag), (tv, ttag) = ref.stored(r.tensor), tgt.stored(t.tensor)
+        if top is not None and absmax is not None and absmax > top:  # beyond the target's range: compare clipped
+            return compare_arrays(rv, tv, t.dtype, top, reference_dtype=rtag, stored_dtype=ttag, clip=top)
         return compare_arrays(rv, tv, t.dtype, absmax, reference_dtype=rtag, stored_dtype=ttag)
     if r.stats and t.stats:
         return compare_stats(r.stats, t.stats, t.dtype)
     return None
-
-
-def _clipped(chunks: Iterable[Any], top: float) -> Iterator[Any]:
-    """Chunks with finite values beyond +-top (and +-inf) clipped to +-top; NaN stays NaN."""
-    for c in chunks:
-        yield np.clip(c, -top, top)
 
 
 def _unmatched_result(u: Unmatched) -> OpResult:

@@ -219,6 +219,16 @@ def _like_impl(v, x):  # type: ignore[no-untyped-def]
     return (lambda v, x: np.float64(x)) if v == types.float64 else (lambda v, x: np.float32(x))
 
 
+def _is64(v):  # type: ignore[no-untyped-def]
+    """Whether ``v`` is a float64 (a compile-time constant)."""
+    raise NotImplementedError  # numba only
+
+
+@overload(_is64, inline="always")
+def _is64_impl(v):  # type: ignore[no-untyped-def]
+    return (lambda v: True) if v == types.float64 else (lambda v: False)
+
+
 # -- statistics -------------------------------------------------------------------------------------
 @numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, error_model="numpy")
 def _sums64(xb: Any) -> Any:  # pragma: no cover - compiled
@@ -418,6 +428,60 @@ def stats_row(x: np.ndarray, idx: np.ndarray, dtype: str, length: int, threads: 
 # -- error distribution -----------------------------------------------------------------------------
 _SQ_UNDERFLOW = 2.0**-100  # a float32 block's sum of r^2 in (0, this): squares near float32's tiny
 _ERR_UNDERFLOW = 2.0**-60  # a float32 block's largest |t - r| in (0, this): its square underflows
+_F32_SAFE = 2.0**127  # a block's sums at or beyond this (or inf) overflow float32 work
+
+
+@numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, error_model="numpy", inline="always")
+def _error_block(rb: Any, tb: Any, zero: Any, guard: Any, tiny: Any, one: Any, th0: Any, th1: Any, th2: Any,
+                 codes: Any) -> Any:  # pragma: no cover - compiled
+    """One block's error sums and counts, branch-free, worked in the type of ``zero`` (the parameters
+    are in it too); ``codes[i]``: each element's histogram code. Returns the sums (abs, err, sq,
+    ref^2, d*r, rel, ulp), the maxima's bits (abs, rel, ulp), the counts (over 1 ulp, over each
+    threshold) and ``chk``, NaN when the block holds a NaN or Inf."""
+    ba = be = bq = br = bd = brel = bu = chk = zero
+    ma = mr = mu = _bits(zero)  # bits of non-negative values: integer maxima vectorize
+    bo = c0 = c1 = c2 = 0
+    for i in range(rb.shape[0]):
+        rv, tv = _pair(rb, tb, i)
+        rv, tv = _like(zero, rv), _like(zero, tv)  # exact: the work type is at least as wide
+        chk += rv * zero + tv * zero  # NaN when either value is NaN or Inf
+        d = tv - rv
+        ad = abs(d)
+        ar = abs(rv)
+        rel = ad / max(ar, guard)
+        ulps = ad * _exp_scale(max(ar, tiny))
+        be += d
+        ba += ad
+        bq += d * d
+        br += rv * rv
+        bd += d * rv
+        brel += rel
+        bu += ulps
+        ma = max(ma, _bits(ad))
+        mr = max(mr, _bits(rel))
+        mu = max(mu, _bits(ulps))
+        bo += ulps > one
+        c0 += rel > th0
+        c1 += rel > th1
+        c2 += rel > th2
+        codes[i] = _hcode(ad)
+    return ba, be, bq, br, bd, brel, bu, ma, mr, mu, bo, c0, c1, c2, chk
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _in_range(total: Any, sum_sq_ref: Any, max_abs: Any) -> bool:  # pragma: no cover - compiled
+    """A block's sums fit float32 work: no overflow, no squares near float32's underflow."""
+    return (total < _F32_SAFE and not 0 < sum_sq_ref < _SQ_UNDERFLOW
+            and not 0 < np.float64(max_abs) < _ERR_UNDERFLOW)
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _widened(block: Any) -> Any:  # pragma: no cover - compiled
+    """An :func:`_error_block` result in one type whatever the work type: float64 sums and maxima, int counts."""
+    return (np.float64(block[0]), np.float64(block[1]), np.float64(block[2]), np.float64(block[3]),
+            np.float64(block[4]), np.float64(block[5]), np.float64(block[6]), np.float64(_unbits(block[7])),
+            np.float64(_unbits(block[8])), np.float64(_unbits(block[9])), np.int64(block[10]), np.int64(block[11]),
+            np.int64(block[12]), np.int64(block[13]))
 
 
 @numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, error_model="numpy")
@@ -428,8 +492,9 @@ def _error_kernel(r: Any, t: Any, guard: float, tiny: float, one_ulp: float, th0
 
     Element work is done in the pair's work type (float32 when both arrays are 16/32-bit: a float32
     difference is correctly rounded, as the float64 one rounded to float32 would be), block sums
-    likewise over at most BLOCK elements, float64 across blocks. A block with NaN/Inf, with a
-    float32 overflow or with squares near float32's underflow is redone in float64.
+    likewise over at most BLOCK elements, float64 across blocks. A finite block with a float32
+    overflow (``finfo.min`` attention masks) or with squares near float32's underflow is redone in
+    float64, still vectorized; a block with NaN/Inf is redone element by element in float64.
     """
     n = r.shape[0]
     if n == 0:
@@ -445,53 +510,41 @@ def _error_kernel(r: Any, t: Any, guard: float, tiny: float, one_ulp: float, th0
     tiny_w = _like(zero, max(tiny, 2.0**-126))
     one_w = _like(zero, one_ulp)
     th0_w, th1_w, th2_w = _like(zero, th0), _like(zero, th1), _like(zero, th2)
-    zbits = _bits(zero)
+    wide = False  # the last block was beyond float32's range: try float64 first
+    chk = zero
     for b in range(0, n, BLOCK):
         e = min(b + BLOCK, n)
-        ba = be = bq = br = bd = brel = bu = chk = zero
-        ma = mr = mu = zbits  # bits of non-negative values: integer maxima vectorize
-        bo = c0 = c1 = c2 = 0
         rb, tb = r[b:e], t[b:e]  # indices from 0: no negative-index wrap, so contiguous vector loads
-        for i in range(e - b):
-            rv, tv = _pair(rb, tb, i)
-            chk += rv * zero + tv * zero  # NaN when either value is NaN or Inf
-            d = tv - rv
-            ad = abs(d)
-            ar = abs(rv)
-            rel = ad / max(ar, guard_w)
-            ulps = ad * _exp_scale(max(ar, tiny_w))
-            be += d
-            ba += ad
-            bq += d * d
-            br += rv * rv
-            bd += d * rv
-            brel += rel
-            bu += ulps
-            ma = max(ma, _bits(ad))
-            mr = max(mr, _bits(rel))
-            mu = max(mu, _bits(ulps))
-            bo += ulps > one_w
-            c0 += rel > th0_w
-            c1 += rel > th1_w
-            c2 += rel > th2_w
-            codes[i] = _hcode(ad)
-        top = np.float64(_unbits(ma))
-        if (chk == 0 and bq + br + brel + bu < np.inf and not 0 < br < _SQ_UNDERFLOW
-                and not 0 < top < _ERR_UNDERFLOW):
-            s_abs += np.float64(ba)
-            s_err += np.float64(be)
-            s_sq += np.float64(bq)
-            s_ref += np.float64(br)
-            s_dr += np.float64(bd)
-            s_rel += np.float64(brel)
-            s_ulp += np.float64(bu)
-            m_abs = max(m_abs, top)
-            m_rel = max(m_rel, np.float64(_unbits(mr)))
-            m_ulp = max(m_ulp, np.float64(_unbits(mu)))
-            over_ulp += bo
-            o0 += c0
-            o1 += c1
-            o2 += c2
+        ok = False
+        if not wide:
+            block = _error_block(rb, tb, zero, guard_w, tiny_w, one_w, th0_w, th1_w, th2_w, codes)
+            chk = block[14]
+            ok = chk == 0 and (_is64(zero) or _in_range(block[2] + block[3] + block[5] + block[6], block[3],
+                                                        _unbits(block[7])))
+            if ok:
+                sums = _widened(block)
+        if not ok and (wide or chk == 0):  # finite, but beyond float32's range: the same loop in float64
+            block64 = _error_block(rb, tb, 0.0, guard, tiny, one_ulp, th0, th1, th2, codes)
+            ok = block64[14] == 0
+            if ok:
+                sums = _widened(block64)
+            # a mask's rows go on past this block: start the next in float64 (either type is exact enough)
+            wide = ok and not _in_range(block64[2] + block64[3] + block64[5] + block64[6], block64[3], sums[7])
+        if ok:
+            s_abs += sums[0]
+            s_err += sums[1]
+            s_sq += sums[2]
+            s_ref += sums[3]
+            s_dr += sums[4]
+            s_rel += sums[5]
+            s_ulp += sums[6]
+            m_abs = max(m_abs, sums[7])
+            m_rel = max(m_rel, sums[8])
+            m_ulp = max(m_ulp, sums[9])
+            over_ulp += sums[10]
+            o0 += sums[11]
+            o1 += sums[12]
+            o2 += sums[13]
             finite += e - b
             m = e - b
             j = 0
@@ -615,6 +668,23 @@ def histogram_quantiles(hist: Any, total: int, ranks: Any, bounds: Any, quantile
             frac = min(max((rank - before) / max(hist[idx], 1), 0.0), 1.0)
             quantiles[j] = lo * (hi / lo) ** frac
 
+
+@numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, error_model="numpy")
+def _clip_kernel(x: Any, top: float, out: Any) -> None:  # pragma: no cover - compiled
+    """``out[i]``: ``x[i]`` decoded and clamped to ``[-top, top]`` (Inf too; NaN stays NaN), in ``out``'s type."""
+    hi = _like(out[0], top)
+    for i in range(x.shape[0]):
+        v = _like(hi, _load(x, i))
+        out[i] = -hi if v < -hi else hi if v > hi else v
+
+
+def clipped(x: np.ndarray, top: float, out: np.ndarray) -> np.ndarray:
+    """A flat kernel array's values clamped to ``[-top, top]`` (Inf too, NaN stays NaN) into ``out[:len(x)]``
+    (float32 or float64, the type they are compared in), in one pass; returns that slice."""
+    view = out[: x.shape[0]]
+    if x.shape[0]:
+        _clip_kernel(x, float(top), view)
+    return view
 
 class ErrorAccumulator:
     """Running error sums, maxima, counts and histogram codes of one pair, fed chunk by chunk.

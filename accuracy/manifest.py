@@ -318,6 +318,11 @@ def parse_manifest_head(text: str) -> tuple[Manifest, RecordsRef | None]:
         raise _schema_error(e, "manifest") from e
 
 
+#: ``Record.model_validate_json`` and ``model_dump_json`` (as bytes) without their wrappers: ~3 µs a record
+_RECORD_JSON = Record.__pydantic_validator__.validate_json
+_RECORD_DUMP = Record.__pydantic_serializer__.to_json
+
+
 def parse_record(line: bytes | str, newer: bool = False, where: str = "record") -> Record:
     """One record from its JSON (format 2.0: one line of the records tensor), strict JSON as for the
     manifest; ``newer``: the bundle's minor version is newer than this reader's (unknown fields dropped).
@@ -326,12 +331,12 @@ def parse_record(line: bytes | str, newer: bool = False, where: str = "record") 
     strict JSON by construction: it is parsed in one call; any other line takes the strict path."""
     if not newer:
         try:
-            record = Record.model_validate_json(line)
+            record = _RECORD_JSON(line)
         except ValidationError:
             pass  # the strict path below says what is wrong
         else:
-            dumped = record.model_dump_json(exclude_none=True)
-            if dumped.encode() == line if isinstance(line, bytes) else dumped == line:
+            dumped = _RECORD_DUMP(record, exclude_none=True)  # bytes
+            if dumped == line if isinstance(line, bytes) else dumped.decode() == line:
                 return record
     data = loads_strict(line, where)
     if not isinstance(data, dict):

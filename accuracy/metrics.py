@@ -206,22 +206,29 @@ def compare_arrays(
     ref_absmax: float | None = None,
     reference_dtype: str | None = None,
     stored_dtype: str | None = None,
+    clip: float | None = None,
 ) -> Metrics:
     """Compute :class:`Metrics` for two equally shaped arrays (or matching chunk iterators).
 
     ``reference_dtype``/``stored_dtype``: the dtype names of the reference's and the target's
-    values when the arrays hold raw words (``BF16`` as uint16), so they are read undecoded."""
+    values when the arrays hold raw words (``BF16`` as uint16), so they are read undecoded.
+    ``clip``: compare both sides clamped to ``[-clip, clip]`` (Inf too; NaN stays NaN): a reference
+    beyond the target dtype's range is judged by what the target can hold."""
     acc = _accumulator(target_dtype, ref_absmax)
     threads = fused.default_threads()
+    buffers: tuple[np.ndarray, np.ndarray] | None = None
     for r, t in zip(_chunks(reference), _chunks(target), strict=True):
         if r.shape != t.shape:
             raise ValueError(f"chunk shapes differ: {r.shape} vs {t.shape}")
         rk, tk = _kernel_input(r, reference_dtype), _kernel_input(t, stored_dtype)
-        if rk.shape[0] <= CHUNK:  # most tensors: no slicing
-            acc.add(rk, tk, threads)
-            continue
-        for start in range(0, rk.shape[0], CHUNK):
-            acc.add(rk[start : start + CHUNK], tk[start : start + CHUNK], threads)
+        for start in range(0, rk.shape[0], CHUNK) if rk.shape[0] > CHUNK else (0,):  # most tensors: one slice
+            rs, ts = (rk, tk) if rk.shape[0] <= CHUNK else (rk[start : start + CHUNK], tk[start : start + CHUNK])
+            if clip is not None:
+                if buffers is None or buffers[0].shape[0] < rs.shape[0]:  # one slice a side, in the pair's work type
+                    work = np.float64 if np.float64 in (rs.dtype, ts.dtype) else np.float32
+                    buffers = (np.empty(rs.shape[0], work), np.empty(rs.shape[0], work))
+                rs, ts = fused.clipped(rs, clip, buffers[0]), fused.clipped(ts, clip, buffers[1])
+            acc.add(rs, ts, threads)
     return _finish(acc)
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from accuracy import metrics as M
+from accuracy.budgets import DTYPE_MAX
 from accuracy.manifest import Stats
 from accuracy.metrics import compare_arrays, compare_discrete, compare_stats, histogram_quantile
 
@@ -147,6 +148,60 @@ def test_nan_and_inf_are_outcomes_of_their_own() -> None:
 def test_float32_overflow_of_the_difference_falls_back_to_float64() -> None:
     m = compare_arrays(np.array([3e38], np.float32), np.array([-3e38], np.float32))
     assert m.max_abs == pytest.approx(6e38, rel=1e-6) and m.histogram[-1] == 1
+
+
+@pytest.mark.parametrize("stored", ["float32", "bfloat16"])
+def test_finite_blocks_beyond_float32_range_equal_the_float64_suite(stored: str) -> None:
+    """An attention mask (half of it ``finfo(float32).min``: finite, but its squares overflow float32) is
+    judged in float64 blocks: every metric as the float64 suite computes it on the same values, and a
+    block with a NaN next to such blocks still counts its NaN."""
+    rng = np.random.default_rng(11)
+    n = 2 * 512 + 77  # two mask blocks, then a short block with a NaN (element by element, float64)
+    r = rng.standard_normal(n).astype(np.float32)
+    r[: 2 * 512 : 2] = np.finfo(np.float32).min
+    t = r.copy()
+    t[1::2] = (r[1::2].astype(np.float64) * (1 + 2.0**-9 * rng.standard_normal(n // 2))).astype(np.float32)
+    t[-5] = np.nan
+    if stored == "bfloat16":
+        words = (t.view(np.uint32) >> 16).astype(np.uint16)  # truncated to bf16 words
+        t = (words.astype(np.uint32) << 16).view(np.float32)
+        fast = compare_arrays(r, words, "bfloat16", stored_dtype="BF16")
+    else:
+        fast = compare_arrays(r, t, "float32")
+    exact = compare_arrays(r.astype(np.float64), t.astype(np.float64), stored)
+    assert fast.nan_where_ref_finite == exact.nan_where_ref_finite == 1
+    for name in ("max_abs", "max_rel", "ulp_max", "share_over_1ulp", "exact_share"):
+        assert getattr(fast, name) == getattr(exact, name), name
+    for name in ("mean_abs", "rmse", "mean_rel", "norm_l2", "ulp_mean", "cosine"):
+        assert getattr(fast, name) == pytest.approx(getattr(exact, name), rel=1e-12), name
+    assert fast.histogram == exact.histogram and fast.share_rel_over == exact.share_rel_over
+
+
+@pytest.mark.parametrize("stored", [None, "BF16"])
+def test_clip_judges_both_sides_within_the_target_range(stored: str | None) -> None:
+    """``clip``: both sides clamped to the target dtype's range in the kernel's read (Inf and finite
+    values beyond it alike, NaN kept), equal to clamping by hand first; chunked and whole alike."""
+    top = DTYPE_MAX["bfloat16"]
+    rng = np.random.default_rng(3)
+    r = rng.standard_normal(5000).astype(np.float32)
+    r[::7] = np.finfo(np.float32).min  # beyond bf16's range
+    r[5] = np.nan
+    t = r.copy()
+    t[::7] = -np.inf  # what bf16 rounds finfo.min to
+    t[1::7] += np.float32(0.01)
+    words = (t.view(np.uint32) >> 16).astype(np.uint16)
+    decoded = (words.astype(np.uint32) << 16).view(np.float32)
+    target, tag = (words, "BF16") if stored else (decoded, None)
+    m = compare_arrays(r, target, "bfloat16", top, stored_dtype=tag, clip=top)
+    by_hand = compare_arrays(np.clip(r, -top, top), np.clip(decoded, -top, top), "bfloat16", top)
+    assert m == by_hand
+    assert m.inf_mismatch == 0 and m.nan_mismatch == 0 and m.exact_share >= len(r[::7]) / r.size  # masks equal
+    chunks = compare_arrays((np.clip(r, -top, top)[i : i + 999] for i in range(0, r.size, 999)),
+                            (target[i : i + 999] for i in range(0, r.size, 999)), "bfloat16", top,
+                            stored_dtype=tag, clip=top)
+    assert chunks.histogram == m.histogram and chunks.max_abs == m.max_abs
+    unclipped = compare_arrays(r, target, "bfloat16", top, stored_dtype=tag)
+    assert unclipped.inf_mismatch == len(r[::7])  # without clip: -inf against a finite reference
 
 
 def test_quantiles_from_the_histogram() -> None:
