@@ -229,6 +229,18 @@ def _is64_impl(v):  # type: ignore[no-untyped-def]
     return (lambda v: True) if v == types.float64 else (lambda v: False)
 
 
+def _nonfinite(v):  # type: ignore[no-untyped-def]
+    """Whether ``v`` is NaN or Inf, from its bits (integer work: no fastmath rewrite reaches it)."""
+    raise NotImplementedError  # numba only
+
+
+@overload(_nonfinite, inline="always")
+def _nonfinite_impl(v):  # type: ignore[no-untyped-def]
+    if v == types.float64:
+        return lambda v: (_f64_bits(v) & 0x7FF0000000000000) == 0x7FF0000000000000
+    return lambda v: (_f32_bits(v) & 0x7F800000) == 0x7F800000
+
+
 # -- statistics -------------------------------------------------------------------------------------
 @numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, error_model="numpy")
 def _sums64(xb: Any) -> Any:  # pragma: no cover - compiled
@@ -437,14 +449,19 @@ def _error_block(rb: Any, tb: Any, zero: Any, guard: Any, tiny: Any, one: Any, t
     """One block's error sums and counts, branch-free, worked in the type of ``zero`` (the parameters
     are in it too); ``codes[i]``: each element's histogram code. Returns the sums (abs, err, sq,
     ref^2, d*r, rel, ulp), the maxima's bits (abs, rel, ulp), the counts (over 1 ulp, over each
-    threshold) and ``chk``, NaN when the block holds a NaN or Inf."""
-    ba = be = bq = br = bd = brel = bu = chk = zero
+    threshold) and ``bad``, the count of elements with a NaN or Inf on either side.
+
+    ``bad`` is counted on the bits (exponent all ones): a float test such as ``r * 0 + t * 0`` is NaN
+    for NaN/Inf, but fastmath's reassociation may factor it into ``(r + t) * 0``, NaN for two finite
+    values whose sum overflows (``finfo.min`` masks), which would send such blocks element by element."""
+    ba = be = bq = br = bd = brel = bu = zero
+    bad = 0
     ma = mr = mu = _bits(zero)  # bits of non-negative values: integer maxima vectorize
     bo = c0 = c1 = c2 = 0
     for i in range(rb.shape[0]):
         rv, tv = _pair(rb, tb, i)
         rv, tv = _like(zero, rv), _like(zero, tv)  # exact: the work type is at least as wide
-        chk += rv * zero + tv * zero  # NaN when either value is NaN or Inf
+        bad += _nonfinite(rv) | _nonfinite(tv)
         d = tv - rv
         ad = abs(d)
         ar = abs(rv)
@@ -465,7 +482,7 @@ def _error_block(rb: Any, tb: Any, zero: Any, guard: Any, tiny: Any, one: Any, t
         c1 += rel > th1
         c2 += rel > th2
         codes[i] = _hcode(ad)
-    return ba, be, bq, br, bd, brel, bu, ma, mr, mu, bo, c0, c1, c2, chk
+    return ba, be, bq, br, bd, brel, bu, ma, mr, mu, bo, c0, c1, c2, bad
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
@@ -511,19 +528,19 @@ def _error_kernel(r: Any, t: Any, guard: float, tiny: float, one_ulp: float, th0
     one_w = _like(zero, one_ulp)
     th0_w, th1_w, th2_w = _like(zero, th0), _like(zero, th1), _like(zero, th2)
     wide = False  # the last block was beyond float32's range: try float64 first
-    chk = zero
+    bad = 0
     for b in range(0, n, BLOCK):
         e = min(b + BLOCK, n)
         rb, tb = r[b:e], t[b:e]  # indices from 0: no negative-index wrap, so contiguous vector loads
         ok = False
         if not wide:
             block = _error_block(rb, tb, zero, guard_w, tiny_w, one_w, th0_w, th1_w, th2_w, codes)
-            chk = block[14]
-            ok = chk == 0 and (_is64(zero) or _in_range(block[2] + block[3] + block[5] + block[6], block[3],
+            bad = block[14]
+            ok = bad == 0 and (_is64(zero) or _in_range(block[2] + block[3] + block[5] + block[6], block[3],
                                                         _unbits(block[7])))
             if ok:
                 sums = _widened(block)
-        if not ok and (wide or chk == 0):  # finite, but beyond float32's range: the same loop in float64
+        if not ok and (wide or bad == 0):  # finite, but beyond float32's range: the same loop in float64
             block64 = _error_block(rb, tb, 0.0, guard, tiny, one_ulp, th0, th1, th2, codes)
             ok = block64[14] == 0
             if ok:
