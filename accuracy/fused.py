@@ -92,8 +92,39 @@ def _f16_to_f32(h):  # type: ignore[no-untyped-def]
     raise NotImplementedError  # numba only
 
 
-@overload(_f16_to_f32, inline="always")
-def _f16_impl(h):  # type: ignore[no-untyped-def]
+@intrinsic
+def _f16_fpext(typingctx: Any, h: Any) -> Any:
+    """float16 bits (int16) to float32 by LLVM's ``fpext half``: one ``vcvtph2ps`` per 8 values on a
+    CPU with F16C (used only there: elsewhere LLVM would call a runtime helper numba may not link)."""
+    if h != types.int16:
+        return None
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+    return types.float32(types.int16), codegen
+
+
+def _host_has_f16c() -> bool:
+    try:
+        from llvmlite import binding
+
+        return bool(binding.get_host_cpu_features().get("f16c"))
+    except Exception:  # noqa: BLE001 - no feature list: the portable decode
+        return False
+
+
+#: float16 words are decoded by the CPU's conversion instruction (F16C) where it has one
+F16C = _host_has_f16c() and os.environ.get("OPBAND_NO_F16C") != "1"
+
+
+def _f16_portable(h):  # type: ignore[no-untyped-def]
+    """float16 bits (int16) to float32 with integer and float32 operations only (any CPU)."""
+    raise NotImplementedError  # numba only
+
+
+@overload(_f16_portable, inline="always")
+def _f16_portable_impl(h):  # type: ignore[no-untyped-def]
     def f16(h):  # type: ignore[no-untyped-def]
         h = np.int32(h) & 0xFFFF
         em = h & 0x7FFF
@@ -103,6 +134,11 @@ def _f16_impl(h):  # type: ignore[no-untyped-def]
             v = _bits_f32(np.int32(0x7F800000 | ((em & 0x3FF) << 13)))
         return _bits_f32(np.int32(_f32_bits(v) | ((h & 0x8000) << 16)))
     return f16
+
+
+@overload(_f16_to_f32, inline="always")
+def _f16_impl(h):  # type: ignore[no-untyped-def]
+    return (lambda h: _f16_fpext(h)) if F16C else (lambda h: _f16_portable(h))
 
 
 @overload(_load32, inline="always")

@@ -292,3 +292,26 @@ def test_exact_chunks_and_subnormal_errors_match_the_float64_kernel() -> None:
         assert getattr(fast, name) == pytest.approx(getattr(exact, name), rel=1e-6), name
     for name in ("mean_abs", "rmse", "mean_rel", "ulp_mean", "norm_l2"):
         assert getattr(fast, name) == pytest.approx(getattr(exact, name), rel=1e-5), name
+
+
+def test_both_float16_decodes_are_exact_on_every_word() -> None:
+    """Stored float16 words are decoded in the kernels' registers: by the CPU's conversion instruction where
+    it has F16C, else by integer and float32 operations. Each (that this CPU can run) gives numpy's value
+    for all 65,536 words (signed zeros, subnormals, Inf, NaN)."""
+    import numba
+
+    from accuracy import fused
+
+    decoders = [fused._f16_portable] + ([fused._f16_fpext] if fused.F16C else [])
+    words = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.int16)
+    expected = words.view(np.float16).astype(np.float32)
+    for decode in decoders:
+        @numba.njit
+        def decode_all(w, out, decode=decode):  # type: ignore[no-untyped-def]
+            for i in range(w.shape[0]):
+                out[i] = decode(w[i])
+
+        out = np.empty(words.size, np.float32)
+        decode_all(words, out)
+        assert np.array_equal(out.view(np.uint32)[~np.isnan(expected)], expected.view(np.uint32)[~np.isnan(expected)])
+        assert np.array_equal(np.isnan(out), np.isnan(expected))
