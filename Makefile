@@ -7,7 +7,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.opband-installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test sweep bench lint venv clean serve
+.PHONY: demo test sweep bench lint venv clean serve kernels chromium
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml | $(PY)
 
 venv: $(STAMP)
 
-demo: $(STAMP)
+demo: $(STAMP) kernels
 	$(VENV)/bin/opband demo
 
 serve: $(STAMP)
@@ -30,7 +30,12 @@ serve: $(STAMP)
 chromium:
 	@command -v chromium >/dev/null 2>&1 || (apt-get update -q && apt-get install -y -q chromium) >/dev/null
 
-test: $(STAMP) chromium
+# numba compiles the metric and statistics kernels once and caches them (accuracy/__pycache__): done here, not
+# inside the first test or the first upload (a cold compile takes about a minute on a 2-core machine)
+kernels: $(STAMP)
+	@$(PY) -c "from accuracy import fused; fused.warm_up(errors=True)"
+
+test: $(STAMP) chromium kernels
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -m "not sweep" -q -ra $(PYTEST_ARGS)
 
@@ -41,6 +46,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/capture.py --model llama-small
 	$(PY) benchmarks/capture.py --model llama-mid
 	$(PY) benchmarks/compare.py
+	$(PY) benchmarks/compare_pair.py
 	$(PY) benchmarks/compare_records.py --records 10000,50000
 	$(PY) benchmarks/service.py
 

@@ -4,20 +4,23 @@ Two kernels, used everywhere (capture statistics in ``hooks``, the metric suite 
 
 - :func:`tensor_stats`: min, max, sum and sum of squares over the finite values, NaN/Inf/zero
   counts and the sampled elements of one array;
-- :func:`error_pass`: the whole error distribution of a (reference, target) pair (sums, maxima,
-  threshold counts, NaN/Inf bookkeeping and the exact histogram) into an accumulator that chunks
-  and threads add to.
+- :class:`ErrorAccumulator` (``_error_kernel``): the whole error distribution of a (reference,
+  target) pair (sums, maxima, threshold counts, NaN/Inf bookkeeping and the exact histogram) into an
+  accumulator that chunks and threads add to; :func:`clipped` clamps a side to a dtype's range in the
+  same decode (a reference beyond the target's range).
 
 numba compiles them with the LLVM inside the ``llvmlite`` wheel (no C compiler at run time) on
 first use and caches the machine code on disk (``NUMBA_CACHE_DIR``; default ``__pycache__`` next to
 this file, else numba's per-user cache). Arrays are read in their stored form: ``float32``,
 ``float64``, bfloat16 as its ``uint16`` words and float16 as its ``int16`` words (numba has no
-float16 arithmetic), decoded in registers; 16/32-bit values are worked in float32 within a block,
+float16 arithmetic), decoded in registers (float16 by the CPU's ``vcvtph2ps`` where it has F16C,
+:data:`F16C`, else by integer operations); 16/32-bit values are worked in float32 within a block,
 float64 across blocks (see each kernel).
 
 Each kernel walks blocks of :data:`BLOCK` elements with a branch-free loop the compiler
-vectorizes; a block with a NaN or Inf (seen as a NaN in its sum times zero) is redone by a masked
-(still branch-free) float64 loop, so the finite path pays nothing for them. Arrays over :data:`PARALLEL_MIN` elements are split
+vectorizes; a block with a NaN or Inf is redone by a float64 loop that keeps their books, and a
+finite block beyond float32's range (``finfo.min`` attention masks) by the same vectorized loop in
+float64, so the finite path pays nothing for either. Arrays over :data:`PARALLEL_MIN` elements are split
 over threads (the kernels release the GIL); partial results are combined in a fixed order, so a
 result depends on the thread count only through the rounding of its sums.
 """
@@ -44,7 +47,7 @@ _FASTMATH = {"reassoc", "nsz", "contract"}  # reorder sums (to vectorize) but ke
 #: ``tensor_stats`` output head: lo, hi, sum, sumsq over finite values; nan, inf, zeros, finite count.
 N_STATS = 8
 
-#: ``error_pass`` accumulator fields (float64; counts are exact below 2^53).
+#: :class:`ErrorAccumulator` fields (float64; counts are exact below 2^53).
 ACC_FIELDS = ("numel", "finite", "exact", "nan_mismatch", "inf_mismatch", "nan_where_ref_finite",
               "sum_abs", "sum_err", "sum_sq_err", "sum_sq_ref", "dot_dr", "sum_rel", "sum_ulp",
               "max_abs", "max_rel", "ulp_max", "over_ulp", "rel_over_0", "rel_over_1", "rel_over_2")
@@ -826,7 +829,8 @@ def _pool() -> ThreadPoolExecutor:
 
 def warm_up(errors: bool = False) -> None:
     """Compile (or load from numba's cache) the statistics kernels for every encoding, and with
-    ``errors`` the error kernel for same-typed pairs, outside a hot loop."""
+    ``errors`` the error kernel for same-typed pairs and for a float32 reference against bfloat16 and
+    float16 words (a low-precision port), and the clamp, outside a hot loop."""
     idx = np.zeros(1, np.int64)
     out = np.empty(_N_ROW + 1)
     for fn in ROW_AT.values():
@@ -839,3 +843,6 @@ def warm_up(errors: bool = False) -> None:
         for dt in (np.float32, np.float64, np.uint16, np.int16):
             z = np.zeros(1, dt)
             acc.add(z, z)
+            clipped(z, 1.0, np.zeros(1, np.float32 if dt != np.float64 else np.float64))
+        for dt in (np.uint16, np.int16):
+            acc.add(np.zeros(1, np.float32), np.zeros(1, dt))
