@@ -488,7 +488,8 @@ def _error_block(rb: Any, tb: Any, zero: Any, guard: Any, tiny: Any, one: Any, t
     """One block's error sums and counts, branch-free, worked in the type of ``zero`` (the parameters
     are in it too); ``codes[i]``: each element's histogram code. Returns the sums (abs, err, sq,
     ref^2, d*r, rel, ulp), the maxima's bits (abs, rel, ulp), the counts (over 1 ulp, over each
-    threshold) and ``bad``, the count of elements with a NaN or Inf on either side.
+    threshold) and ``bad``, the count of elements whose difference is NaN or Inf: a NaN or Inf on
+    either side, or two finite values whose difference overflows the work type.
 
     ``bad`` is counted on the bits (exponent all ones): a float test such as ``r * 0 + t * 0`` is NaN
     for NaN/Inf, but fastmath's reassociation may factor it into ``(r + t) * 0``, NaN for two finite
@@ -500,8 +501,8 @@ def _error_block(rb: Any, tb: Any, zero: Any, guard: Any, tiny: Any, one: Any, t
     for i in range(rb.shape[0]):
         rv, tv = _pair(rb, tb, i)
         rv, tv = _like(zero, rv), _like(zero, tv)  # exact: the work type is at least as wide
-        bad += _nonfinite(rv) | _nonfinite(tv)
         d = tv - rv
+        bad += _nonfinite(d)  # NaN/Inf on either side, or a difference beyond the work type
         ad = abs(d)
         ar = abs(rv)
         rel = ad / max(ar, guard)
