@@ -483,6 +483,16 @@ _F32_SAFE = 2.0**127  # a block's sums at or beyond this (or inf) overflow float
 
 
 @numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, error_model="numpy", inline="always")
+def _element_errors(rv: Any, tv: Any, guard: Any, tiny: Any) -> Any:  # pragma: no cover - compiled
+    """One element's error in the type of its values: ``t - r``, ``|t - r|``, the relative error
+    (``|r|`` floored at ``guard``) and the ULP distance scaled by 2^-mantissa (``|r|`` floored at ``tiny``)."""
+    d = tv - rv
+    ad = abs(d)
+    ar = abs(rv)
+    return d, ad, ad / max(ar, guard), ad * _exp_scale(max(ar, tiny))
+
+
+@numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, error_model="numpy", inline="always")
 def _error_block(rb: Any, tb: Any, zero: Any, guard: Any, tiny: Any, one: Any, th0: Any, th1: Any, th2: Any,
                  codes: Any) -> Any:  # pragma: no cover - compiled
     """One block's error sums and counts, branch-free, worked in the type of ``zero`` (the parameters
@@ -501,12 +511,8 @@ def _error_block(rb: Any, tb: Any, zero: Any, guard: Any, tiny: Any, one: Any, t
     for i in range(rb.shape[0]):
         rv, tv = _pair(rb, tb, i)
         rv, tv = _like(zero, rv), _like(zero, tv)  # exact: the work type is at least as wide
-        d = tv - rv
+        d, ad, rel, ulps = _element_errors(rv, tv, guard, tiny)
         bad += _nonfinite(d)  # NaN/Inf on either side, or a difference beyond the work type
-        ad = abs(d)
-        ar = abs(rv)
-        rel = ad / max(ar, guard)
-        ulps = ad * _exp_scale(max(ar, tiny))
         be += d
         ba += ad
         bq += d * d
@@ -526,10 +532,11 @@ def _error_block(rb: Any, tb: Any, zero: Any, guard: Any, tiny: Any, one: Any, t
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _in_range(total: Any, sum_sq_ref: Any, max_abs: Any) -> bool:  # pragma: no cover - compiled
-    """A block's sums fit float32 work: no overflow, no squares near float32's underflow."""
-    return (total < _F32_SAFE and not 0 < sum_sq_ref < _SQ_UNDERFLOW
-            and not 0 < np.float64(max_abs) < _ERR_UNDERFLOW)
+def _fits_float32(block: Any) -> bool:  # pragma: no cover - compiled
+    """An :func:`_error_block` result's sums fit float32 work: no overflow, no squares near float32's underflow."""
+    total = block[2] + block[3] + block[5] + block[6]
+    return (total < _F32_SAFE and not 0 < block[3] < _SQ_UNDERFLOW
+            and not 0 < np.float64(_unbits(block[7])) < _ERR_UNDERFLOW)
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
@@ -576,8 +583,7 @@ def _error_kernel(r: Any, t: Any, guard: float, tiny: float, one_ulp: float, th0
         if not wide:
             block = _error_block(rb, tb, zero, guard_w, tiny_w, one_w, th0_w, th1_w, th2_w, codes)
             bad = block[14]
-            ok = bad == 0 and (_is64(zero) or _in_range(block[2] + block[3] + block[5] + block[6], block[3],
-                                                        _unbits(block[7])))
+            ok = bad == 0 and (_is64(zero) or _fits_float32(block))
             if ok:
                 sums = _widened(block)
         if not ok and (wide or bad == 0):  # finite, but beyond float32's range: the same loop in float64
@@ -586,7 +592,7 @@ def _error_kernel(r: Any, t: Any, guard: float, tiny: float, one_ulp: float, th0
             if ok:
                 sums = _widened(block64)
             # a mask's rows go on past this block: start the next in float64 (either type is exact enough)
-            wide = ok and not _in_range(block64[2] + block64[3] + block64[5] + block64[6], block64[3], sums[7])
+            wide = ok and not _fits_float32(block64)
         if ok:
             s_abs += sums[0]
             s_err += sums[1]
@@ -628,11 +634,7 @@ def _error_kernel(r: Any, t: Any, guard: float, tiny: float, one_ulp: float, th0
                 exact += (rn and tn) or rv == tv
                 continue
             finite += 1
-            d = tv - rv
-            ad = abs(d)
-            ar = abs(rv)
-            rel = ad / max(ar, guard)
-            ulps = ad * _exp_scale(max(ar, tiny))
+            d, ad, rel, ulps = _element_errors(rv, tv, guard, tiny)
             s_err += d
             s_abs += ad
             s_sq += d * d
@@ -742,6 +744,7 @@ def clipped(x: np.ndarray, top: float, out: np.ndarray) -> np.ndarray:
     if x.shape[0]:
         _clip_kernel(x, float(top), view)
     return view
+
 
 class ErrorAccumulator:
     """Running error sums, maxima, counts and histogram codes of one pair, fed chunk by chunk.

@@ -221,8 +221,8 @@ def compare_arrays(
         if r.shape != t.shape:
             raise ValueError(f"chunk shapes differ: {r.shape} vs {t.shape}")
         rk, tk = _kernel_input(r, reference_dtype), _kernel_input(t, stored_dtype)
-        for start in range(0, rk.shape[0], CHUNK) if rk.shape[0] > CHUNK else (0,):  # most tensors: one slice
-            rs, ts = (rk, tk) if rk.shape[0] <= CHUNK else (rk[start : start + CHUNK], tk[start : start + CHUNK])
+        for start in range(0, max(rk.shape[0], 1), CHUNK):  # most tensors: one slice
+            rs, ts = rk[start : start + CHUNK], tk[start : start + CHUNK]
             if clip is not None:
                 if buffers is None or buffers[0].shape[0] < rs.shape[0]:  # one slice a side, in the pair's work type
                     work = np.float64 if np.float64 in (rs.dtype, ts.dtype) else np.float32
