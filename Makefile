@@ -45,6 +45,7 @@ sweep: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/capture.py --model llama-small
 	$(PY) benchmarks/capture.py --model llama-mid
+	$(PY) benchmarks/dispatch_floor.py
 	$(PY) benchmarks/compare.py
 	$(PY) benchmarks/compare_pair.py
 	$(PY) benchmarks/compare_records.py --records 10000,50000
