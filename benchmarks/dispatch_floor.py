@@ -29,7 +29,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 from collections.abc import Callable
@@ -118,7 +117,7 @@ def _build_observer(folder: Path) -> ctypes.CDLL | str:
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     cmd = [compiler, "-O3", "-march=native", "-ffast-math", "-std=c++17", "-shared", "-fPIC",
            f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *[f"-I{p}" for p in include_paths()],
-           f"-I{sysconfig.get_paths()['include']}", str(source), "-o", str(out),
+           str(source), "-o", str(out),
            f"-L{lib_dir}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib_dir}"]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
