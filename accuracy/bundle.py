@@ -13,6 +13,7 @@ unpickles anything.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import mmap
@@ -794,11 +795,11 @@ def _read_header(f: BinaryIO, size: int) -> tuple[Any, TensorTable, int]:
         raise BundleError(f"header length {n} is too short for a JSON object")
     if 8 + n > size:
         raise BundleError(f"header length {n} runs past the end of the {size}-byte file (truncated?)")
-    raw = f.read(n)
+    raw = _header_json(f, n)
     if not raw.startswith(b"{"):
         raise BundleError("header does not start with '{': not a safetensors/opband bundle")
     try:
-        text = _without_padding(raw).decode("utf-8")
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise BundleError(f"bundle header is not valid UTF-8 (byte {e.start}): {e.reason}") from e
     del raw
@@ -809,6 +810,28 @@ def _read_header(f: BinaryIO, size: int) -> tuple[Any, TensorTable, int]:
     except RecursionError as e:
         raise BundleError("bundle header nests too deeply") from e
     return metadata, table, 8 + n
+
+
+def _header_json(f: BinaryIO, n: int) -> bytes:
+    """The ``n`` header bytes after the length word, without their trailing space padding. A streamed
+    bundle reserves a megabyte or more: read through a mapping, the padding is compared in place
+    (block by block against spaces), never copied, so a small bundle's open does not pay for it."""
+    try:
+        mm = mmap.mmap(f.fileno(), 8 + n, access=mmap.ACCESS_READ)
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):  # not a plain file: read it
+        return _without_padding(f.read(n))
+    with mm:
+        last = mm.rfind(b"}", 8, 8 + n) + 1
+        if last <= 0:
+            return _without_padding(mm[8 : 8 + n])
+        for at in range(last, 8 + n, len(_SPACES)):
+            block = mm[at : min(at + len(_SPACES), 8 + n)]
+            if block != _SPACES[: len(block)]:
+                return _without_padding(mm[8 : 8 + n])  # not spaces after the last brace: as read, for the decoder to judge
+        return mm[8:last]
+
+
+_SPACES = b" " * (64 << 10)
 
 
 def _without_padding(raw: bytes) -> bytes:

@@ -9,9 +9,10 @@ accepted runs replace the default budgets wherever there is enough history.
 
 from __future__ import annotations
 
+import copy
 import math
 import os
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,8 @@ __all__ = ["MODES", "VERDICT_ORDER", "ComparisonPlan", "ComparisonReport", "OpRe
 KEEP_ALL_RESULTS = 100_000
 #: Pairs judged per batch by :func:`judge_streamed`.
 JUDGE_BATCH = 4096
+#: Metrics of this many recent (reference tensor, target tensor) pairs are kept for records that share them.
+SHARED_METRICS = 1024
 
 
 @dataclass
@@ -484,6 +487,8 @@ class _Context:
     history: History | None
     config: BandConfig
     target: str
+    #: metrics by the stored tensor pair they were measured on (see :meth:`_measure_shared`)
+    _shared: OrderedDict[tuple[Any, ...], Metrics | None] = field(default_factory=OrderedDict)
 
     def judge_pair(self, pair: Pair) -> OpResult:
         result = self._judge_values(pair)
@@ -509,8 +514,8 @@ class _Context:
                             reason=f"dtype kind differs: reference {r.dtype}, target {t.dtype}")
         gold = self._golden_record(r)
         try:
-            metrics = _measure(self.golden if gold else self.ref, self.tgt, gold or r, t)
-            ref_metrics = (_measure(self.golden, self.ref, gold, r)
+            metrics = self._measure_shared(self.golden if gold else self.ref, self.tgt, gold or r, t)
+            ref_metrics = (self._measure_shared(self.golden, self.ref, gold, r)
                            if gold and self.golden is not None and self.golden is not self.ref else None)
         except Exception as e:  # noqa: BLE001 - our bug, reported with the pair, never the user's crash
             return OpResult(**base, metrics=None, verdict="fail",
@@ -539,6 +544,24 @@ class _Context:
         if result.finding:
             result.reason += f"; {result.finding}"
         return result
+
+    def _measure_shared(self, ref: Bundle | None, tgt: Bundle, r: Record | None, t: Record) -> Metrics | None:
+        """:func:`_measure`, once per stored tensor pair: records that name the same stored tensors (a
+        module's output and the op output it aliases, e.g. ``q_proj/forward#0`` and its ``aten.mm#0``;
+        bundle format 1.1 on) share their metrics, which depend on nothing else the key leaves out.
+        Each record gets its own (shallow) copy. The last :data:`SHARED_METRICS` pairs are kept."""
+        if ref is None or r is None or r.tensor is None or t.tensor is None:
+            return _measure(ref, tgt, r, t)
+        key = (id(ref), r.tensor, r.dtype, id(tgt), t.tensor, t.dtype, r.stats.absmax if r.stats else None)
+        shared = self._shared
+        if key in shared:
+            shared.move_to_end(key)
+            hit = shared[key]
+            return copy.copy(hit) if hit is not None else None
+        metrics = shared[key] = _measure(ref, tgt, r, t)
+        if len(shared) > SHARED_METRICS:
+            shared.popitem(last=False)
+        return copy.copy(metrics) if metrics is not None else None
 
     def _golden_record(self, r: Record) -> Record | None:
         if self.golden is None:

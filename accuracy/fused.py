@@ -737,6 +737,25 @@ def _clip_kernel(x: Any, top: float, out: Any) -> None:  # pragma: no cover - co
         out[i] = -hi if v < -hi else hi if v > hi else v
 
 
+#: clamp buffers up to this many bytes a side are kept per thread (fresh ones cost a page fault per 4 KB)
+_KEEP_CLIP_BYTES = 8 << 20
+_CLIP_BUFFERS = threading.local()
+
+
+def clip_buffers(n: int, dtype: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Two work arrays of ``n`` elements of ``dtype`` for :func:`clipped`, reused by this thread's next
+    call when at most :data:`_KEEP_CLIP_BYTES` each (so the kernel's input is never copied into fresh pages)."""
+    dtype = np.dtype(dtype)
+    nbytes = n * dtype.itemsize
+    if nbytes > _KEEP_CLIP_BYTES:
+        return np.empty(n, dtype), np.empty(n, dtype)
+    kept = getattr(_CLIP_BUFFERS, "pair", None)
+    if kept is None or kept[0].nbytes < nbytes:
+        size = max(nbytes, 1 << 16)
+        kept = _CLIP_BUFFERS.pair = (np.empty(size, np.uint8), np.empty(size, np.uint8))
+    return kept[0][:nbytes].view(dtype), kept[1][:nbytes].view(dtype)
+
+
 def clipped(x: np.ndarray, top: float, out: np.ndarray) -> np.ndarray:
     """A flat kernel array's values clamped to ``[-top, top]`` (Inf too, NaN stays NaN) into ``out[:len(x)]``
     (float32 or float64, the type they are compared in), in one pass; returns that slice."""
@@ -834,7 +853,10 @@ def _pool() -> ThreadPoolExecutor:
 def warm_up(errors: bool = False) -> None:
     """Compile (or load from numba's cache) the statistics kernels for every encoding, and with
     ``errors`` the error kernel for same-typed pairs and for a float32 reference against bfloat16 and
-    float16 words (a low-precision port), and the clamp, outside a hot loop."""
+    float16 words (a low-precision port), and the clamp, outside a hot loop. Once per process and kind:
+    every capture calls it, and after the first the kernels are loaded."""
+    if errors in _WARM:
+        return
     idx = np.zeros(1, np.int64)
     out = np.empty(_N_ROW + 1)
     for fn in ROW_AT.values():
@@ -850,3 +872,7 @@ def warm_up(errors: bool = False) -> None:
             clipped(z, 1.0, np.zeros(1, np.float32 if dt != np.float64 else np.float64))
         for dt in (np.uint16, np.int16):
             acc.add(np.zeros(1, np.float32), np.zeros(1, dt))
+    _WARM.add(errors)
+
+
+_WARM: set[bool] = set()  # the kinds warm_up has loaded in this process

@@ -226,7 +226,7 @@ def compare_arrays(
             if clip is not None:
                 if buffers is None or buffers[0].shape[0] < rs.shape[0]:  # one slice a side, in the pair's work type
                     work = np.float64 if np.float64 in (rs.dtype, ts.dtype) else np.float32
-                    buffers = (np.empty(rs.shape[0], work), np.empty(rs.shape[0], work))
+                    buffers = fused.clip_buffers(rs.shape[0], work)
                 rs, ts = fused.clipped(rs, clip, buffers[0]), fused.clipped(ts, clip, buffers[1])
             acc.add(rs, ts, threads)
     return _finish(acc)

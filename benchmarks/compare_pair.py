@@ -10,9 +10,11 @@ bundles. A second child loads the metric kernels, compares the pair once untimed
 alignment, every metric, the verdicts) with:
 
 - the pairs it judged and the time per pair;
-- the metric kernel's own share: ``compare_arrays`` on every judged pair's stored tensors (clamped to
-  the target dtype's range where the reference goes beyond it, as ``compare`` does), timed in the same
-  child (the physical part: the rest is fixed cost per pair).
+- the metric kernel's own share: ``compare_arrays`` on every distinct pair of stored tensors the
+  judged pairs name (clamped to the target dtype's range where the reference goes beyond it, as
+  ``compare`` does; records that share stored tensors, e.g. a Linear's module output and its
+  ``aten.mm``, are measured once), timed in the same child (the physical part: the rest is fixed cost
+  per pair).
 
 With ``--under ROOT`` (another opband checkout, e.g. ``git worktree add /tmp/base <commit>``) the
 same two children run under ROOT as well, rounds interleaved with this opband's, and the ratio
@@ -69,10 +71,13 @@ try:  # the metric kernel alone over the same stored tensors (this opband's API)
     from accuracy.metrics import compare_arrays
     r, g = Bundle.open({ref!r}), Bundle.open({tgt!r})
     rk = {{rec.key: rec for rec in r.records if rec.tensor}}
-    pairs = []
+    pairs, seen = [], set()
     for rec in g.records:
         other = rk.get(rec.key)
         if rec.tensor and other is not None and other.shape == rec.shape:
+            if (other.tensor, rec.tensor) in seen:  # records sharing stored tensors share one measurement
+                continue
+            seen.add((other.tensor, rec.tensor))
             a, ad = r.stored(other.tensor)
             b, bd = g.stored(rec.tensor)
             absmax = other.stats.absmax if other.stats else None

@@ -182,6 +182,22 @@ def test_streamed_bundle_pads_the_header_into_its_reservation(tmp_path: Path) ->
     assert not list(tmp_path.glob("*.partial")) and not list(tmp_path.glob("*.grow"))
 
 
+@pytest.mark.parametrize("tail", [b"x", b"}", b"\x00"])
+def test_a_padded_header_with_anything_but_spaces_after_it_is_refused(tmp_path: Path, tail: bytes) -> None:
+    """The header is read through a mapping and its padding compared in place (never copied): a byte
+    other than a space anywhere in the padding, even the reservation's last, still fails the open."""
+    path, _ = _streamed(tmp_path / "s.bundle")
+    raw = bytearray(path.read_bytes())
+    (n,) = struct.unpack("<Q", raw[:8])
+    for at in (8 + n - 1, 8 + n - 70_000):  # in the padding's last block and in an earlier one
+        bad = bytearray(raw)
+        bad[at : at + 1] = tail
+        (tmp_path / "bad.bundle").write_bytes(bytes(bad))
+        with pytest.raises(BundleError, match="not valid JSON"):
+            Bundle.open(tmp_path / "bad.bundle")
+    assert Bundle.open(path).values("i").tolist() == [0, 1, 2]  # the untouched file still opens
+
+
 @pytest.mark.parametrize("in_place", [True, False])
 def test_header_that_outgrows_its_reservation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_place: bool) -> None:
     from safetensors.numpy import load_file

@@ -259,3 +259,30 @@ def test_an_in_place_all_reduce_is_not_mistaken_for_the_mm_it_overwrote(tmp_path
         assert np.allclose(recs["proj/forward#0"], got["y"]) and np.allclose(recs["/forward#0"], got["y"])
         assert not np.allclose(recs["proj/aten.mm#0"], got["y"])  # the local partial sum
         assert np.allclose(recs["proj/c10d.allreduce_#0"], got["y"])
+
+
+def test_records_sharing_stored_tensors_are_measured_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The module records that name the ``mm`` tensor get that pair's metrics, measured once: equal
+    values (an fp64 check of the largest error), each record its own copy."""
+    import sys
+
+    from accuracy.compare import compare
+
+    torch.manual_seed(0)
+    model, x = Proj(), torch.randn(2, 5, 16)
+    _, _, ref = _capture(model, x, tmp_path / "ref.bundle")
+    with torch.no_grad():
+        model.lin.weight.mul_(1.01)
+    out, _, tgt = _capture(model, x, tmp_path / "tgt.bundle")
+    module = sys.modules["accuracy.compare"]
+    calls: list[tuple[int, int]] = []
+    real = module.compare_arrays
+    monkeypatch.setattr(module, "compare_arrays", lambda r, t, *a, **k: calls.append((r.size, t.size)) or real(r, t, *a, **k))
+    results = {op.id: op for op in compare(ref, tgt).ops}
+    mm, lin, top = results["lin/aten.mm#0"], results["lin/forward#0"], results["/forward#0"]
+    assert calls == [(80, 80)]  # one stored tensor pair: one measurement
+    assert mm.metrics is not None and mm.metrics == lin.metrics == top.metrics
+    assert mm.metrics is not lin.metrics and lin.metrics is not top.metrics
+    expected = (_values(tgt, "lin/aten.mm#0").double() - _values(ref, "lin/aten.mm#0").double()).abs().max()
+    assert mm.metrics.max_abs == pytest.approx(float(expected), rel=1e-6) and mm.metrics.max_abs > 0
+    assert torch.equal(_values(tgt, "/forward#0"), out)
