@@ -728,6 +728,68 @@ def histogram_quantiles(hist: Any, total: int, ranks: Any, bounds: Any, quantile
             quantiles[j] = lo * (hi / lo) ** frac
 
 
+#: :func:`error_summary`'s ``out`` fields, in :class:`accuracy.metrics.Metrics` field order
+SUMMARY_FIELDS = ("max_abs", "mean_abs", "rmse", "max_rel", "mean_rel", "cosine", "snr_db", "norm_l2", "ulp_max",
+                  "ulp_mean", "share_over_1ulp", "rel_over_0", "rel_over_1", "rel_over_2", "error_balance",
+                  "nan_mismatch", "inf_mismatch", "nan_where_ref_finite", "exact_share")
+assert ACC_FIELDS[:20] == ("numel", "finite", "exact", "nan_mismatch", "inf_mismatch", "nan_where_ref_finite", "sum_abs",
+                          "sum_err", "sum_sq_err", "sum_sq_ref", "dot_dr", "sum_rel", "sum_ulp", "max_abs", "max_rel",
+                          "ulp_max", "over_ulp", "rel_over_0", "rel_over_1", "rel_over_2"), "error_summary reads these by position"
+
+
+@numba.njit(nogil=True, cache=True)
+def error_summary(acc: Any, codes: Any, low: int, high: int, ranks: Any, bounds: Any, ulp_scale: float, hist: Any,
+                  quantiles: Any, out: Any) -> None:  # pragma: no cover - compiled
+    """An accumulator's metrics in one call: :func:`public_histogram` into ``hist`` and ``quantiles``, and
+    :data:`SUMMARY_FIELDS` into ``out``, by the same IEEE operations, in the same order, as Python's
+    arithmetic on the accumulator's fields (no fastmath here: the results are those numbers exactly).
+    ``acc`` must count at least one element."""
+    public_histogram(codes, low, high, ranks, bounds, hist, quantiles)
+    n = acc[0]
+    f = max(np.float64(np.int64(acc[1])), 1.0)
+    sum_abs, sum_err, sum_sq_err, sum_sq_ref, dot_dr = acc[6], acc[7], acc[8], acc[9], acc[10]
+    out[0] = acc[13]
+    out[1] = sum_abs / f
+    out[2] = np.sqrt(sum_sq_err / f)
+    out[3] = acc[14]
+    out[4] = acc[11] / f
+    out[5] = _cosine(sum_sq_ref, sum_sq_err, dot_dr)
+    if sum_sq_err > 0 and sum_sq_ref > 0:
+        out[6] = 10 * np.log10(sum_sq_ref / sum_sq_err)
+    else:
+        out[6] = np.inf if sum_sq_err == 0 else -np.inf
+    if sum_sq_ref > 0:
+        out[7] = np.sqrt(sum_sq_err / sum_sq_ref)
+    else:
+        out[7] = 0.0 if sum_sq_err == 0 else np.inf
+    out[8] = acc[15] * ulp_scale
+    out[9] = acc[12] * ulp_scale / f
+    out[10] = acc[16] / f
+    out[11] = acc[17] / f
+    out[12] = acc[18] / f
+    out[13] = acc[19] / f
+    out[14] = sum_err / sum_abs if sum_abs > 0 else 0.0
+    out[15] = acc[3]
+    out[16] = acc[4]
+    out[17] = acc[5]
+    out[18] = (acc[2] + hist[0]) / n
+
+
+@numba.njit(nogil=True, cache=True)
+def _cosine(rr: float, dd: float, dr: float) -> float:  # pragma: no cover - compiled
+    """cos(r, t) from |r|^2, |d|^2 and d.r (t = r + d), accurate when it is close to 1 (``min``/``max``
+    as Python's: a NaN stays out of the clamp, as there)."""
+    tt = rr + 2 * dr + dd
+    if rr <= 0 or tt <= 0:
+        return 1.0 if dd == 0 else 0.0
+    nr, nt = np.sqrt(rr), np.sqrt(tt if tt > 0.0 else 0.0)
+    diff = -(2 * dr + dd) / (nr + nt)
+    one_minus = (dd - diff * diff) / (2 * nr * nt)
+    c = 1.0 - one_minus
+    c = c if c < 1.0 else 1.0
+    return c if c > -1.0 else -1.0
+
+
 @numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, error_model="numpy")
 def _clip_kernel(x: Any, top: float, out: Any) -> None:  # pragma: no cover - compiled
     """``out[i]``: ``x[i]`` decoded and clamped to ``[-top, top]`` (Inf too; NaN stays NaN), in ``out``'s type."""
@@ -866,6 +928,10 @@ def warm_up(errors: bool = False) -> None:
     if errors:
         public_histogram(np.zeros(N_CODES, np.int64), 1, 2, np.zeros(1), np.ones((4, 2)), np.zeros(4, np.int64), np.zeros(1))
         acc = ErrorAccumulator(2.0**-126, 2.0**-126, 23, (1e-4, 1e-3, 5e-3))
+        acc.acc[0] = 1.0
+        error_summary(acc.acc, acc.hist, 1, 2, np.zeros(1), np.ones((4, 2)), 1.0, np.zeros(4, np.int64), np.zeros(1),
+                      np.zeros(len(SUMMARY_FIELDS)))
+        acc.acc[0] = 0.0
         for dt in (np.float32, np.float64, np.uint16, np.int16):
             z = np.zeros(1, dt)
             acc.add(z, z)

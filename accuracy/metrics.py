@@ -216,6 +216,13 @@ def compare_arrays(
     beyond the target dtype's range is judged by what the target can hold."""
     acc = _accumulator(target_dtype, ref_absmax)
     threads = fused.default_threads()
+    if clip is None and type(reference) is np.ndarray and type(target) is np.ndarray:  # most pairs: one kernel call
+        rk, tk = _kernel_input(reference, reference_dtype), _kernel_input(target, stored_dtype)
+        if rk.shape != tk.shape:
+            raise ValueError(f"chunk shapes differ: {rk.shape} vs {tk.shape}")
+        if rk.shape[0] <= CHUNK:
+            acc.add(rk, tk, threads)
+            return _finish(acc)
     buffers: tuple[np.ndarray, np.ndarray] | None = None
     for r, t in zip(_chunks(reference), _chunks(target), strict=True):
         if r.shape != t.shape:
@@ -244,76 +251,31 @@ def _kernel_input(x: np.ndarray, dtype: str | None) -> np.ndarray:
     return k if k is not None else np.asarray(x, np.float64).reshape(-1)
 
 
-def _public_histogram(acc: fused.ErrorAccumulator) -> tuple[list[int], list[float]]:
-    """The public histogram (:data:`HIST_SLOTS` counts) of the kernel's codes, and its :data:`QUANTILES`."""
-    hist = np.empty(HIST_SLOTS, np.int64)
-    quantiles = np.empty(len(QUANTILES), np.float64)
-    fused.public_histogram(acc.hist, _CODE_LOW, _CODE_HIGH, _QUANTILE_RANKS, _SLOT_BOUND_ARRAY, hist, quantiles)
-    return hist.tolist(), quantiles.tolist()
-
-
 _QUANTILE_RANKS = np.array(QUANTILES, np.float64)
 
 
 def _finish(acc: fused.ErrorAccumulator) -> Metrics:
-    v = acc.acc.tolist()  # one conversion; fields by position (fused.ACC_FIELDS)
-    n, f = int(v[_A_NUMEL]), max(int(v[_A_FINITE]), 1)
-    m = Metrics(numel=n)
+    n = int(acc.acc[_A_NUMEL])
     if n == 0:
-        m.share_rel_over = dict.fromkeys(_REL_KEYS, 0.0)
-        m.quantiles = dict.fromkeys(_QNAMES, 0.0)
-        m.histogram = [0] * HIST_SLOTS
-        return m
-    m.histogram, quantiles = _public_histogram(acc)
-    ulp_scale = 2.0**acc.mant
-    (sum_abs, sum_err, sum_sq_err, sum_sq_ref, dot_dr, sum_rel, sum_ulp, max_abs, max_rel, ulp_max,
-     over_ulp) = v[_A_SUMS:_A_SUMS + 11]
-    m.max_abs = max_abs
-    m.mean_abs = sum_abs / f
-    m.rmse = math.sqrt(sum_sq_err / f)
-    m.max_rel = max_rel
-    m.mean_rel = sum_rel / f
-    m.cosine = _cosine(sum_sq_ref, sum_sq_err, dot_dr)
-    m.snr_db = 10 * math.log10(sum_sq_ref / sum_sq_err) if sum_sq_err > 0 and sum_sq_ref > 0 else (
-        math.inf if sum_sq_err == 0 else -math.inf)
-    m.norm_l2 = math.sqrt(sum_sq_err / sum_sq_ref) if sum_sq_ref > 0 else (
-        0.0 if sum_sq_err == 0 else math.inf)
-    m.ulp_max = ulp_max * ulp_scale
-    m.ulp_mean = sum_ulp * ulp_scale / f
-    m.share_over_1ulp = over_ulp / f
-    m.share_rel_over = {k: v[i] / f for k, i in zip(_REL_KEYS, _A_REL_OVER, strict=True)}
-    m.error_balance = sum_err / sum_abs if sum_abs > 0 else 0.0
-    m.nan_mismatch = int(v[_A_NAN_MISMATCH])
-    m.inf_mismatch = int(v[_A_INF_MISMATCH])
-    m.nan_where_ref_finite = int(v[_A_NAN_WHERE_REF_FINITE])
-    m.exact_share = (v[_A_EXACT] + m.histogram[0]) / n
-    m.quantiles = dict(zip(_QNAMES, quantiles, strict=True))
-    return m
+        return Metrics(numel=0, share_rel_over=dict.fromkeys(_REL_KEYS, 0.0), quantiles=dict.fromkeys(_QNAMES, 0.0),
+                       histogram=[0] * HIST_SLOTS)
+    hist = np.empty(HIST_SLOTS, np.int64)
+    quantiles = np.empty(len(QUANTILES), np.float64)
+    out = np.empty(len(fused.SUMMARY_FIELDS), np.float64)
+    fused.error_summary(acc.acc, acc.hist, _CODE_LOW, _CODE_HIGH, _QUANTILE_RANKS, _SLOT_BOUND_ARRAY, 2.0**acc.mant,
+                        hist, quantiles, out)
+    (max_abs, mean_abs, rmse, max_rel, mean_rel, cosine, snr_db, norm_l2, ulp_max, ulp_mean, over_ulp, r0, r1, r2,
+     balance, nan_mm, inf_mm, nan_rf, exact_share) = out.tolist()
+    return Metrics(n, max_abs, mean_abs, rmse, max_rel, mean_rel, cosine, snr_db, norm_l2, ulp_max, ulp_mean, over_ulp,
+                   dict(zip(_REL_KEYS, (r0, r1, r2), strict=True)), balance, int(nan_mm), int(inf_mm), int(nan_rf),
+                   exact_share, dict(zip(_QNAMES, quantiles.tolist(), strict=True)), hist.tolist())
 
 
-_A = fused.A
-_A_NUMEL, _A_FINITE, _A_EXACT = _A["numel"], _A["finite"], _A["exact"]
-_A_NAN_MISMATCH, _A_INF_MISMATCH, _A_NAN_WHERE_REF_FINITE = _A["nan_mismatch"], _A["inf_mismatch"], _A["nan_where_ref_finite"]
-_A_SUMS = _A["sum_abs"]
-assert fused.ACC_FIELDS[_A_SUMS:_A_SUMS + 11] == (
-    "sum_abs", "sum_err", "sum_sq_err", "sum_sq_ref", "dot_dr", "sum_rel", "sum_ulp", "max_abs", "max_rel", "ulp_max",
-    "over_ulp"), "_finish reads these in this order"
-_A_REL_OVER = tuple(_A[f"rel_over_{i}"] for i in range(len(REL_THRESHOLDS)))
+_A_NUMEL = fused.A["numel"]
 _REL_KEYS = tuple(_rel_key(t) for t in REL_THRESHOLDS)
 
 
 _QNAMES = tuple(_qname(q) for q in QUANTILES)
-
-
-def _cosine(rr: float, dd: float, dr: float) -> float:
-    """cos(r, t) from |r|^2, |d|^2 and d.r (t = r + d), accurate when it is close to 1."""
-    tt = rr + 2 * dr + dd
-    if rr <= 0 or tt <= 0:
-        return 1.0 if dd == 0 else 0.0
-    nr, nt = math.sqrt(rr), math.sqrt(max(tt, 0.0))
-    diff = -(2 * dr + dd) / (nr + nt)  # |r| - |t| without cancellation
-    one_minus = (dd - diff * diff) / (2 * nr * nt)
-    return max(-1.0, min(1.0, 1.0 - one_minus))
 
 
 def histogram_quantile(hist: np.ndarray | list[int], q: float) -> float:
