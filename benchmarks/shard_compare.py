@@ -3,10 +3,13 @@
 Run: ``.venv/bin/python benchmarks/shard_compare.py [--rounds 3] [--tensors 32] [--numel 8388608] [--records 640]``.
 
 Writes (once, in a temporary directory) a float32 reference and a target bundle of ``--records``
-records over ``--tensors`` distinct tensors of ``--numel`` elements per side (records share tensors, as
-module outputs share their last op's tensor: the kernels read ``records x numel x 4`` bytes per side,
-which would not fit the page cache of this shared machine as distinct tensors; the bytes on disk are
-printed too), stores them in a service (SQLite, blob folder) and, in interleaved rounds, times from
+records over ``--tensors`` distinct tensors of ``--numel`` elements per side (records share tensors:
+the kernels read ``records x numel x 4`` bytes per side, which would not fit the page cache of this
+shared machine as distinct tensors; the bytes on disk are printed too). Every record names another
+(reference, target) pair of tensors (reference ``i % tensors``, target ``(i + i // tensors) % tensors``;
+the tensors are one base array plus small distinct noise, so every pairing differs by a realistic
+~1e-3): ``compare`` measures a pair of stored tensors once for all records that name it, and pairs
+repeated across records would not be judged again. It stores them in a service (SQLite, blob folder) and, in interleaved rounds, times from
 queueing to ``done`` (real ``opband worker`` processes, started before each timing and idle):
 
 - ``1 worker``: the comparison unsharded (``shards=1``): what a single worker did before sharding;
@@ -47,10 +50,13 @@ from accuracy.manifest import Manifest, Record  # noqa: E402
 
 
 def write_bundle(path: Path, tensors: int, numel: int, records: int, target: bool) -> Path:
+    if records > tensors * tensors:
+        raise SystemExit(f"--records {records} needs at least {int(np.ceil(np.sqrt(records)))} --tensors (distinct pairs)")
     recs = []
+    base = np.random.default_rng(0).standard_normal(numel, dtype=np.float32)
     with BundleWriter(path) as w:
         for i in range(tensors):
-            v = np.random.default_rng(i).standard_normal(numel, dtype=np.float32)
+            v = base + np.float32(1e-3) * np.random.default_rng(1 + i).standard_normal(numel, dtype=np.float32)
             if target:
                 v += np.float32(2e-3) * np.random.default_rng(10_000 + i).standard_normal(numel, dtype=np.float32)
             w.add_array(f"t{i}", v)
@@ -58,7 +64,7 @@ def write_bundle(path: Path, tensors: int, numel: int, records: int, target: boo
             module = f"model.layers.{i}"
             recs.append(Record(key=f"{module}/aten.mm#0", module=module, op="aten.mm", ordinal=0, index=i,
                                input_shapes=[[numel]], input_dtypes=["float32"], shape=[numel], dtype="float32",
-                               tensor=f"t{i % tensors}"))
+                               tensor=f"t{(i + i // tensors) % tensors if target else i % tensors}"))
         return w.close(Manifest(run={"variant": "fp32", "device": "cpu", "level": "aten", "mode": "full"},
                                 environment={"torch": "2", "device": "cpu", "threads": 2}, records=recs))
 
