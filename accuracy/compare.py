@@ -37,7 +37,8 @@ from accuracy.verdicts import (
 
 MODES = ("propagated", "replay", "golden")
 __all__ = ["MODES", "VERDICT_ORDER", "ComparisonPlan", "ComparisonReport", "OpResult", "Tally", "compare", "conclude",
-           "judge", "judge_range", "judge_streamed", "plan_comparison", "target_name", "worst_verdict"]
+           "judge", "judge_range", "judge_streamed", "plan_comparison", "repeated_measurements", "target_name",
+           "worst_verdict"]
 
 #: Comparisons of more aligned pairs than this keep passing results as counts only (see :class:`Tally`).
 KEEP_ALL_RESULTS = 100_000
@@ -549,9 +550,9 @@ class _Context:
         module's output and the op output it aliases, e.g. ``q_proj/forward#0`` and its ``aten.mm#0``;
         bundle format 1.1 on) share their metrics, which depend on nothing else the key leaves out.
         Each record gets its own object (later ones a shallow copy). The last :data:`SHARED_METRICS` pairs are kept."""
-        if ref is None or r is None or r.tensor is None or t.tensor is None:
+        key = _shared_key(ref, tgt, r, t)
+        if key is None:
             return _measure(ref, tgt, r, t)
-        key = (id(ref), r.tensor, r.dtype, id(tgt), t.tensor, t.dtype, r.stats.absmax if r.stats else None)
         shared = self._shared
         if key in shared:
             return _copied(shared[key])
@@ -624,6 +625,32 @@ def _measure(ref: Bundle | None, tgt: Bundle, r: Record | None, t: Record) -> Me
     if r.stats and t.stats:
         return compare_stats(r.stats, t.stats, t.dtype)
     return None
+
+
+def _shared_key(ref: Bundle | None, tgt: Bundle, r: Record | None, t: Record) -> tuple[Any, ...] | None:
+    """What a measurement of ``r`` (in ``ref``) against ``t`` (in ``tgt``) depends on, for records that name
+    stored tensors (None otherwise): records with equal keys get equal metrics."""
+    if ref is None or r is None or r.tensor is None or t.tensor is None:
+        return None
+    return (id(ref), r.tensor, r.dtype, id(tgt), t.tensor, t.dtype, r.stats.absmax if r.stats else None)
+
+
+def repeated_measurements(plan: ComparisonPlan) -> list[bool]:
+    """For each pair of ``plan``, in order: whether judging it reuses the measurement of an earlier pair
+    (the same stored tensors within the last :data:`SHARED_METRICS` pairs, as :meth:`_Context._measure_shared`
+    keeps them; in golden mode, by the reference's tensors), so that its metric kernel does not run again.
+    For sizing work, e.g. shards."""
+    window: OrderedDict[tuple[Any, ...], None] = OrderedDict()
+    out = []
+    for pair in plan.pairs:
+        key = _shared_key(plan.ref, plan.tgt, pair.reference, pair.target)
+        repeat = key is not None and key in window
+        if key is not None and not repeat:
+            window[key] = None
+            if len(window) > SHARED_METRICS:
+                window.popitem(last=False)
+        out.append(repeat)
+    return out
 
 
 def _copied(m: Metrics | None) -> Metrics | None:

@@ -105,6 +105,32 @@ def test_split_ranges_are_contiguous_balanced_and_non_empty() -> None:
     assert shards.split_ranges([5, 1 << 28, 7, 1 << 28, 3], 2) == [(0, 2), (2, 5)]
 
 
+def test_pair_bytes_weigh_a_shared_tensor_pair_once(tmp_path: Path) -> None:
+    """Records that name the same stored tensors on both sides are measured once per comparison, so the
+    shard split weighs them once: a later one costs only its fixed share."""
+    import numpy as np
+
+    from accuracy.bundle import BundleWriter
+    from accuracy.compare import repeated_measurements
+    from accuracy.manifest import Manifest, Record
+
+    def bundle(path: Path, noise: float) -> Path:
+        with BundleWriter(path) as w:
+            for i in range(2):
+                w.add_array(f"t{i}", (np.arange(16, dtype=np.float32) + i) * np.float32(1 + noise))
+            recs = [Record(key=f"{m}/aten.mm#0", module=m, op="aten.mm", index=k, shape=[16], dtype="float32", tensor=t)
+                    for k, (m, t) in enumerate((("a", "t0"), ("b", "t0"), ("c", "t1"), ("d", "t1")))]
+            return w.close(Manifest(run={"variant": "fp32", "device": "cpu"}, records=recs))
+
+    plan = plan_comparison(bundle(tmp_path / "r.bundle", 0.0), bundle(tmp_path / "t.bundle", 1e-3))
+    assert [p.reference.module for p in plan.pairs] == ["a", "b", "c", "d"]
+    assert repeated_measurements(plan) == [False, True, False, True]
+    assert shards.pair_bytes(plan) == [128, 0, 128, 0]  # 16 float32 a side, then nothing for the repeat
+    judged = judge_range(plan, 0, 4)
+    assert judged[0].metrics == judged[1].metrics and judged[2].metrics == judged[3].metrics
+    assert judged[0].metrics is not None and judged[0].metrics.max_abs > 0
+
+
 # -- a service on a real database, bundles stored, comparisons queued -------------------------------------------
 class Service:
     def __init__(self, tmp: Path, url: str) -> None:

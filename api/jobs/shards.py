@@ -41,7 +41,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import lazyload
 
-from accuracy.compare import ComparisonPlan, OpResult
+from accuracy.compare import ComparisonPlan, OpResult, repeated_measurements
 from accuracy.errors import OpbandError
 from accuracy.report import op_from_dict, op_to_dict
 from api.settings import Settings
@@ -71,14 +71,19 @@ def comparison_of(job_id: str) -> str:
 
 # -- planning ------------------------------------------------------------------------------------------
 def pair_bytes(plan: ComparisonPlan) -> list[int]:
-    """The tensor bytes each aligned pair reads (both sides, and the golden's where it has one)."""
+    """The tensor bytes each aligned pair reads (both sides, and the golden's where it has one); 0 for a pair
+    that reuses an earlier pair's measurement (:func:`~accuracy.compare.repeated_measurements`: a module
+    output that names its last op's stored tensors costs only its fixed share)."""
     def size(bundle: Any, name: str | None) -> int:
         info = bundle.tensors.get(name) if bundle is not None and name is not None else None
         return info.nbytes if info is not None else 0
 
     gold = plan.context.golden
     out = []
-    for p in plan.pairs:
+    for p, repeat in zip(plan.pairs, repeated_measurements(plan), strict=True):
+        if repeat:
+            out.append(0)
+            continue
         n = size(plan.ref, p.reference.tensor) + size(plan.tgt, p.target.tensor)
         if gold is not None and gold is not plan.ref:
             try:
