@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -635,13 +635,12 @@ def _shared_key(ref: Bundle | None, tgt: Bundle, r: Record | None, t: Record) ->
     return (id(ref), r.tensor, r.dtype, id(tgt), t.tensor, t.dtype, r.stats.absmax if r.stats else None)
 
 
-def repeated_measurements(plan: ComparisonPlan) -> list[bool]:
-    """For each pair of ``plan``, in order: whether judging it reuses the measurement of an earlier pair
-    (the same stored tensors within the last :data:`SHARED_METRICS` pairs, as :meth:`_Context._measure_shared`
-    keeps them; in golden mode, by the reference's tensors), so that its metric kernel does not run again.
-    For sizing work, e.g. shards."""
+def repeated_measurements(plan: ComparisonPlan) -> Iterator[tuple[Pair, bool]]:
+    """Each pair of ``plan`` in order (read once), with whether judging it reuses the measurement of an
+    earlier pair (the same stored tensors within the last :data:`SHARED_METRICS` pairs, as
+    :meth:`_Context._measure_shared` keeps them; in golden mode, by the reference's tensors), so that its
+    metric kernel does not run again. For sizing work, e.g. shards."""
     window: OrderedDict[tuple[Any, ...], None] = OrderedDict()
-    out = []
     for pair in plan.pairs:
         key = _shared_key(plan.ref, plan.tgt, pair.reference, pair.target)
         repeat = key is not None and key in window
@@ -649,8 +648,7 @@ def repeated_measurements(plan: ComparisonPlan) -> list[bool]:
             window[key] = None
             if len(window) > SHARED_METRICS:
                 window.popitem(last=False)
-        out.append(repeat)
-    return out
+        yield pair, repeat
 
 
 def _copied(m: Metrics | None) -> Metrics | None:

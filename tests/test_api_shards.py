@@ -124,7 +124,7 @@ def test_pair_bytes_weigh_a_shared_tensor_pair_once(tmp_path: Path) -> None:
 
     plan = plan_comparison(bundle(tmp_path / "r.bundle", 0.0), bundle(tmp_path / "t.bundle", 1e-3))
     assert [p.reference.module for p in plan.pairs] == ["a", "b", "c", "d"]
-    assert repeated_measurements(plan) == [False, True, False, True]
+    assert [repeat for _, repeat in repeated_measurements(plan)] == [False, True, False, True]
     assert shards.pair_bytes(plan) == [128, 0, 128, 0]  # 16 float32 a side, then nothing for the repeat
     judged = judge_range(plan, 0, 4)
     assert judged[0].metrics == judged[1].metrics and judged[2].metrics == judged[3].metrics

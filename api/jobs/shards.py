@@ -80,7 +80,7 @@ def pair_bytes(plan: ComparisonPlan) -> list[int]:
 
     gold = plan.context.golden
     out = []
-    for p, repeat in zip(plan.pairs, repeated_measurements(plan), strict=True):
+    for p, repeat in repeated_measurements(plan):  # one read of each pair's records
         if repeat:
             out.append(0)
             continue
