@@ -43,9 +43,10 @@ class Settings(BaseSettings):
     shard_bytes: int = Field(default=4 << 30, ge=0, description=(
         "a comparison whose aligned pairs hold at least this many tensor bytes (both sides) is split into "
         "OPBAND_SHARD_COUNT shards, contiguous ranges of ops that workers judge apart and one merges (0: never)"))
-    shard_count: int = Field(default=16, ge=2, le=4096, description=(
-        "shards per sharded comparison: a few per worker balances the load (a worker goes on from one shard to "
-        "the next with the bundles open; each further worker opens them once)"))
+    shard_count: int = Field(default=32, ge=2, le=4096, description=(
+        "shards per sharded comparison: several per worker balance the load (the run ends at most one shard after "
+        "an even split; a worker goes on from one shard to the next with the bundles open; each further worker "
+        "opens them once)"))
     poll_seconds: float = Field(default=0.2, gt=0, le=60, description=(
         "an idle worker looks for a job (a new comparison, a shard another worker split off) this often; each "
         "look is one or two indexed queries, ~1 ms of CPU"))
