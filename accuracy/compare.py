@@ -488,7 +488,7 @@ class _Context:
     config: BandConfig
     target: str
     #: metrics by the stored tensor pair they were measured on (see :meth:`_measure_shared`)
-    _shared: OrderedDict[tuple[Any, ...], Metrics | None] = field(default_factory=OrderedDict)
+    _shared: _Recent = field(default_factory=lambda: _Recent())
 
     def judge_pair(self, pair: Pair) -> OpResult:
         result = self._judge_values(pair)
@@ -553,12 +553,10 @@ class _Context:
         key = _shared_key(ref, tgt, r, t)
         if key is None:
             return _measure(ref, tgt, r, t)
-        shared = self._shared
-        if key in shared:
-            return _copied(shared[key])
-        metrics = shared[key] = _measure(ref, tgt, r, t)  # the first record keeps it; later ones get copies
-        if len(shared) > SHARED_METRICS:  # oldest first: the records that share a tensor pair are near each other
-            shared.popitem(last=False)
+        if key in self._shared:
+            return _copied(self._shared[key])
+        metrics = _measure(ref, tgt, r, t)
+        self._shared.put(key, metrics)  # the first record keeps it; later ones get copies
         return metrics
 
     def _golden_record(self, r: Record) -> Record | None:
@@ -627,6 +625,16 @@ def _measure(ref: Bundle | None, tgt: Bundle, r: Record | None, t: Record) -> Me
     return None
 
 
+class _Recent(OrderedDict[tuple[Any, ...], Any]):
+    """The last :data:`SHARED_METRICS` entries put, the oldest dropped first (records that share a stored
+    tensor pair are near each other in execution order)."""
+
+    def put(self, key: tuple[Any, ...], value: Any) -> None:
+        self[key] = value
+        if len(self) > SHARED_METRICS:
+            self.popitem(last=False)
+
+
 def _shared_key(ref: Bundle | None, tgt: Bundle, r: Record | None, t: Record) -> tuple[Any, ...] | None:
     """What a measurement of ``r`` (in ``ref``) against ``t`` (in ``tgt``) depends on, for records that name
     stored tensors (None otherwise): records with equal keys get equal metrics."""
@@ -640,14 +648,12 @@ def repeated_measurements(plan: ComparisonPlan) -> Iterator[tuple[Pair, bool]]:
     earlier pair (the same stored tensors within the last :data:`SHARED_METRICS` pairs, as
     :meth:`_Context._measure_shared` keeps them; in golden mode, by the reference's tensors), so that its
     metric kernel does not run again. For sizing work, e.g. shards."""
-    window: OrderedDict[tuple[Any, ...], None] = OrderedDict()
+    window = _Recent()
     for pair in plan.pairs:
         key = _shared_key(plan.ref, plan.tgt, pair.reference, pair.target)
         repeat = key is not None and key in window
         if key is not None and not repeat:
-            window[key] = None
-            if len(window) > SHARED_METRICS:
-                window.popitem(last=False)
+            window.put(key, None)
         yield pair, repeat
 
 
