@@ -187,10 +187,10 @@ def _block_mix(dtype: type, rng: np.random.Generator) -> np.ndarray:
     """Blocks of every kind the kernel tells apart, shuffled: plain, all-zero, float32-overflowing
     squares, -inf-masked, NaN, and both in one block."""
     big = float(np.finfo(dtype).max) / 2 if dtype != np.float64 else 3e38
-    kinds = [rng.standard_normal(fused.BLOCK), np.zeros(fused.BLOCK), np.full(fused.BLOCK, -big),
-             np.where(rng.random(fused.BLOCK) < 0.5, -np.inf, rng.standard_normal(fused.BLOCK)),
-             np.where(rng.random(fused.BLOCK) < 0.01, np.nan, rng.standard_normal(fused.BLOCK)),
-             np.r_[big, np.inf, np.nan, np.zeros(fused.BLOCK - 3)]]
+    kinds = [rng.standard_normal(fused.STATS_BLOCK), np.zeros(fused.STATS_BLOCK), np.full(fused.STATS_BLOCK, -big),
+             np.where(rng.random(fused.STATS_BLOCK) < 0.5, -np.inf, rng.standard_normal(fused.STATS_BLOCK)),
+             np.where(rng.random(fused.STATS_BLOCK) < 0.01, np.nan, rng.standard_normal(fused.STATS_BLOCK)),
+             np.r_[big, np.inf, np.nan, np.zeros(fused.STATS_BLOCK - 3)]]
     blocks = [kinds[i] for i in rng.integers(0, len(kinds), 60)]
     return np.concatenate([*blocks, rng.standard_normal(100)]).astype(dtype)  # and a short last block
 
