@@ -320,15 +320,25 @@ def _masked64(xb: Any) -> Any:  # pragma: no cover - compiled
 
 @numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, error_model="numpy")
 def _stats_kernel(x: Any, out: Any) -> None:  # pragma: no cover - compiled
-    """Block sums in the work type (float32 for 16/32-bit arrays, at most STATS_BLOCK elements), float64
+    """The statistics head (:data:`N_STATS`) of ``x`` into ``out``."""
+    out[0], out[1] = np.inf, -np.inf
+    out[2:] = 0.0
+    _stats_more(x, out)
+
+
+@numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, error_model="numpy")
+def _stats_more(x: Any, out: Any) -> None:  # pragma: no cover - compiled
+    """Continue the head ``out`` over ``x``, the next elements of the same array: the result is the
+    one pass over both would give when ``x`` starts on a STATS_BLOCK boundary.
+
+    Block sums in the work type (float32 for 16/32-bit arrays, at most STATS_BLOCK elements), float64
     across blocks; min/max as ordered integers and the zero count as a float (both vectorize). A
     finite block whose float32 squares overflow (``finfo.min`` attention masks)
     redoes its two sums in float64; a block with NaN/Inf is redone masked, in float64. Both redo
     loops are branch-free (selects), so they vectorize too."""
     n = x.shape[0]
-    s, q = 0.0, 0.0
-    lo, hi = np.inf, -np.inf
-    nan = inf = zeros = count = 0
+    lo, hi, s, q = out[0], out[1], out[2], out[3]
+    nan, inf, zeros, count = int(out[4]), int(out[5]), int(out[6]), int(out[7])
     for b in range(0, n, STATS_BLOCK):
         e = min(b + STATS_BLOCK, n)
         xb = x[b:e]  # indices from 0: no negative-index wrap, so contiguous vector loads
@@ -455,6 +465,27 @@ def _sample_at(dtype: Any) -> Any:
             out[j] = _load(x, idx[j])
 
     return sample_at
+
+
+def _more_at(dtype: Any) -> Any:
+    @numba.njit(nogil=True, cache=True)
+    def more_at(addr: int, n: int, out: Any) -> None:  # pragma: no cover
+        _stats_more(numba.carray(_voidptr(addr), n, dtype), out)
+
+    return more_at
+
+
+#: ``MORE_AT[dtype](addr, n, head)``: continue a statistics head (``empty_head()``) over the ``n``
+#: values at ``addr`` (the next part of an array, starting on a STATS_BLOCK boundary)
+MORE_AT = {"float32": _more_at(np.float32), "float64": _more_at(np.float64),
+           "bfloat16": _more_at(np.uint16), "float16": _more_at(np.int16)}
+
+
+def empty_head() -> np.ndarray:
+    """The statistics head of no values, for :data:`MORE_AT` to continue."""
+    head = np.zeros(N_STATS, np.float64)
+    head[0], head[1] = np.inf, -np.inf
+    return head
 
 
 #: ``SAMPLE_AT[dtype](addr, idx_addr, k, out)``: ``out[:k]`` = the values at flat indices ``idx``
@@ -931,6 +962,8 @@ def warm_up(errors: bool = False) -> None:
         fn(idx.ctypes.data, 1, idx.ctypes.data, 1, 0.0, out)
     for fn in SAMPLE_AT.values():
         fn(idx.ctypes.data, idx.ctypes.data, 1, out)
+    for fn in MORE_AT.values():
+        fn(idx.ctypes.data, 1, empty_head())
     if errors:
         public_histogram(np.zeros(N_CODES, np.int64), 1, 2, np.zeros(1), np.ones((4, 2)), np.zeros(4, np.int64), np.zeros(1))
         acc = ErrorAccumulator(2.0**-126, 2.0**-126, 23, (1e-4, 1e-3, 5e-3))

@@ -235,3 +235,32 @@ def test_run_capture_rejects_an_unavailable_device(tmp_path: Path, monkeypatch: 
     with pytest.raises(ValueError, match="invalid device 'gpu0'"):
         run_capture("hooks.demo_model:build", tmp_path / "x.bundle", device="gpu0")
     assert not (tmp_path / "x.bundle").exists()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_weight_prints_walk_chunks_to_the_one_pass_numbers(dtype: torch.dtype) -> None:
+    """A weight's fingerprint is hashed and summarised chunk by chunk (hooks.fingerprints.CHUNK_BYTES):
+    its digest is the xxh3-128 of all its bytes, and its head is exactly the single pass's, NaN/Inf
+    (one in the first chunk, one on a chunk boundary, one in the short last chunk) counted and left out."""
+    import xxhash
+
+    from hooks.fingerprints import CHUNK_BYTES, tensor_print
+
+    g = torch.Generator().manual_seed(7)
+    per = CHUNK_BYTES // torch.empty(0, dtype=dtype).element_size()
+    x = (torch.randn(3 * per + 1234, generator=g, dtype=torch.float64) * 3 + 0.5).to(dtype)
+    x[[5, per, 3 * per + 1000]] = torch.tensor([float("nan"), float("-inf"), float("inf")], dtype=dtype)
+    fp = tensor_print(x)
+    assert fp is not None
+    assert fp.digest == xxhash.xxh3_128_hexdigest(x.view(torch.uint8).numpy().tobytes())
+    words = x.view(torch.int16).numpy() if x.element_size() == 2 else x.numpy()
+    head = fused.tensor_stats(fused.kernel_array(words, {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(dtype)))
+    count = int(head[7])
+    assert fp.nonfinite == 3 and count == x.numel() - 3
+    assert (fp.sum, fp.l2, fp.absmax) == (head[2] / count * count, math.sqrt(head[3]), max(-head[0], head[1]))
+    v = x.to(torch.float64)
+    fin = v[torch.isfinite(v)]
+    assert fp.absmax == float(fin.abs().max())
+    rtol = 1e-12 if dtype == torch.float64 else 2e-6
+    assert fp.l2 == pytest.approx(float(fin.norm()), rel=rtol)
+    assert fp.sum == pytest.approx(float(fin.sum()), rel=rtol, abs=rtol * float(fin.abs().sum()))
