@@ -18,6 +18,8 @@ as format 1.x did). Then, each in a fresh child process:
 With ``--under ROOT`` every step also runs with the opband at ROOT (the baseline of a before/after
 run), interleaved with this one, and the table prints the ratio. Records/s that stay flat from 10^4
 to 10^6 mean linear time; CPU time (``process_time``) is printed, wall time is noisy on a shared box.
+Each child runs ``--rounds`` times (default 3, the two opbands interleaved): the median run is
+printed, its spread (slowest - fastest) next to it, and the largest peak RSS of the rounds.
 Goals (issue 14): <= 1 GB peak at 10^6; linear time.
 """
 
@@ -29,7 +31,9 @@ import os
 import subprocess
 import sys
 import tempfile
+import shutil
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 ROOT = str(Path(__file__).resolve().parent.parent)
@@ -142,18 +146,48 @@ def _child(code: str, root: str) -> dict[str, float] | str:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def measure(n: int, numel: int, root: str, where: str | None) -> dict[str, dict[str, float] | str]:
-    """Write a pair of N records with the opband at ``root``, compare it and ingest its target."""
-    with tempfile.TemporaryDirectory(dir=where, prefix="opband-records-") as tmp:
-        t = time.perf_counter()
-        wrote = _child(_WRITE.format(folder=tmp, n=n, numel=numel), root)
-        if isinstance(wrote, str):
-            return {"write": wrote}
-        wrote["wall"] = time.perf_counter() - t
-        ref, tgt = f"{tmp}/ref.bundle", f"{tmp}/tgt.bundle"
-        wrote["bytes"] = os.path.getsize(tgt)
-        return {"write": wrote, "compare": _child(_COMPARE.format(ref=ref, tgt=tgt, n=n), root),
-                "ingest": _child(_INGEST.format(folder=tmp, tgt=tgt), root)}
+def measure(n: int, numel: int, roots: list[str], where: str | None,
+            rounds: int) -> list[dict[str, dict[str, float] | str]]:
+    """Write a pair of N records with the opband at each of ``roots``, then compare each pair and ingest
+    its target ``rounds`` times, the roots interleaved within each round; per root and step, the
+    round of median CPU time (peak RSS: the largest of the rounds)."""
+    with ExitStack() as stack:
+        dirs, results = [], []
+        for root in roots:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(dir=where, prefix="opband-records-"))
+            t = time.perf_counter()
+            wrote = _child(_WRITE.format(folder=tmp, n=n, numel=numel), root)
+            if not isinstance(wrote, str):
+                wrote["wall"] = time.perf_counter() - t
+                wrote["bytes"] = os.path.getsize(f"{tmp}/tgt.bundle")
+            dirs.append(tmp)
+            results.append({"write": wrote})
+        runs: list[dict[str, list[dict[str, float] | str]]] = [{"compare": [], "ingest": []} for _ in roots]
+        for _ in range(rounds):
+            for i, (root, tmp) in enumerate(zip(roots, dirs, strict=True)):
+                if isinstance(results[i]["write"], str):
+                    continue
+                ref, tgt = f"{tmp}/ref.bundle", f"{tmp}/tgt.bundle"
+                runs[i]["compare"].append(_child(_COMPARE.format(ref=ref, tgt=tgt, n=n), root))
+                runs[i]["ingest"].append(_child(_INGEST.format(folder=tmp, tgt=tgt), root))
+                shutil.rmtree(f"{tmp}/svc", ignore_errors=True)
+        for res, by_step in zip(results, runs, strict=True):
+            for step, got in by_step.items():
+                if got:
+                    res[step] = _median_run(got)
+        return results
+
+
+def _median_run(runs: list[dict[str, float] | str]) -> dict[str, float] | str:
+    """The run of median CPU time, with the largest peak RSS of all; a failure if any run failed."""
+    failed = [r for r in runs if isinstance(r, str)]
+    if failed:
+        return failed[0]
+    ok = sorted((r for r in runs if not isinstance(r, str)), key=lambda r: r["cpu"])
+    median = dict(ok[len(ok) // 2])
+    median["rss_peak"] = max(r["rss_peak"] for r in ok)
+    median["cpu_range"] = ok[-1]["cpu"] - ok[0]["cpu"]
+    return median
 
 
 def _row(label: str, n: int, res: dict[str, float] | str, base: dict[str, float] | str | None) -> str:
@@ -163,6 +197,8 @@ def _row(label: str, n: int, res: dict[str, float] | str, base: dict[str, float]
             f"{res['rss_peak'] / 1e6:8,.0f} MB {(res['rss_peak'] - res['rss_before']) / 1e6:7,.0f} MB")
     if label == "compare":
         line += f"  {(res['cpu'] - res['kernel']) / n * 1e6:7.1f} us beyond kernel ({res['verdict']}, {res['ops']:,} ops)"
+    if "cpu_range" in res:
+        line += f"  spread {res['cpu_range']:.2f} s"
     if base is not None:
         line += (f"  | before: {base}" if isinstance(base, str) else
                  f"  | before {n / base['cpu']:,.0f}/s {base['rss_peak'] / 1e6:,.0f} MB: "
@@ -176,12 +212,15 @@ def main() -> None:
     ap.add_argument("--numel", type=int, default=64, help="elements per record")
     ap.add_argument("--dir", default=None, help="where to write the bundles (default: a temporary directory)")
     ap.add_argument("--under", default=None, help="also run the opband at this source root (before/after)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="compare and ingest runs per record count (the median's CPU time is printed)")
     args = ap.parse_args()
     print(f"{'records':>9s} {'step':8s} {'cpu s':>8s} {'records/s':>10s} {'us/rec':>9s} {'peak RSS':>11s} "
           f"{'growth':>10s}")
     for n in (int(x) for x in args.records.split(",")):
-        base = measure(n, args.numel, args.under, args.dir) if args.under else None
-        res = measure(n, args.numel, ROOT, args.dir)
+        roots = [ROOT, args.under] if args.under else [ROOT]
+        res, *before = measure(n, args.numel, roots, args.dir, args.rounds)
+        base = before[0] if before else None
         w = res["write"]
         if isinstance(w, str):
             print(f"{n:9,d} write    failed: {w}")
@@ -189,9 +228,7 @@ def main() -> None:
         print(f"{n:9,d} write    {w['cpu']:8.2f} {n / w['cpu']:10,.0f}  (two bundles of {w['bytes'] / 1e6:,.0f} MB, "
               f"wall {w['wall']:.1f} s, {'streamed records' if w['streaming'] else 'records in the manifest'})")
         for step in ("compare", "ingest"):
-            print(_row(step, n, res[step], base[step] if base and step in base else
-                       (base["write"] if base else None)), flush=True)
-
+            print(_row(step, n, res.get(step, "not run"), base.get(step, base["write"]) if base else None), flush=True)
 
 if __name__ == "__main__":
     main()
