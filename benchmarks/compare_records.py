@@ -30,8 +30,8 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import shutil
+import tempfile
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -180,10 +180,12 @@ def measure(n: int, numel: int, roots: list[str], where: str | None,
 
 def _median_run(runs: list[dict[str, float] | str]) -> dict[str, float] | str:
     """The run of median CPU time, with the largest peak RSS of all; a failure if any run failed."""
-    failed = [r for r in runs if isinstance(r, str)]
-    if failed:
-        return failed[0]
-    ok = sorted((r for r in runs if not isinstance(r, str)), key=lambda r: r["cpu"])
+    ok: list[dict[str, float]] = []
+    for r in runs:
+        if isinstance(r, str):
+            return r
+        ok.append(r)
+    ok.sort(key=lambda r: r["cpu"])
     median = dict(ok[len(ok) // 2])
     median["rss_peak"] = max(r["rss_peak"] for r in ok)
     median["cpu_range"] = ok[-1]["cpu"] - ok[0]["cpu"]
