@@ -23,7 +23,7 @@ from accuracy.manifest import Fingerprints, Record
 from hooks import distributed
 from hooks.environment import environment
 from hooks.composites import faithful_composites
-from hooks.fingerprints import input_prints, parameter_prints
+from hooks.fingerprints import ParameterPrints, input_prints, parameter_prints
 from hooks.intrusive import intrusive_ops
 from hooks.modes import ApiMode, AtenMode, ModuleHooks
 from hooks.recorder import Recorder
@@ -82,6 +82,7 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
         self._mode: AtenMode | ApiMode | None = None
         self._recorder: Recorder | None = None
         self._prints = Fingerprints()
+        self._weights: ParameterPrints | None = None  # parameter fingerprints still being walked
         self._input_hook: Any = None
         self._composites: Any = None
         self._aborted = False
@@ -106,7 +107,11 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
     def _fingerprint_model(self, rec: Recorder) -> None:
         """Parameters now (as loaded); inputs at the model's first call. Failures become diagnostics."""
         try:
-            self._prints.parameters = parameter_prints(self.model)
+            if self.options.level == "aten":  # its dispatch mode sees every in-place write: walk the weights meanwhile
+                self._weights = ParameterPrints(self.model)
+                rec.before_write = self._settle_weights
+            else:
+                self._prints.parameters = parameter_prints(self.model)
         except Exception as e:  # noqa: BLE001 - capture must never break the user's run
             rec.diagnose(None, f"parameter fingerprints: {type(e).__name__}: {e}")
 
@@ -127,6 +132,22 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
         except Exception as e:  # noqa: BLE001 - e.g. a scripted module: no input fingerprints, the capture goes on
             rec.diagnose(None, f"input fingerprints: {type(e).__name__}: {e}")
 
+    def _settle_weights(self) -> None:
+        """Finish the parameter fingerprints (before anything may write into the weights)."""
+        job, self._weights = self._weights, None
+        rec = self._recorder
+        if rec is not None:
+            rec.before_write = None
+        if job is None:
+            return
+        try:
+            self._prints.parameters = job.result()
+        except Exception as e:  # noqa: BLE001 - capture must never break the user's run
+            job.notes.append(f"parameter fingerprints: {type(e).__name__}: {e}")
+        for note in job.notes:
+            if rec is not None:
+                rec.diagnose(None, note)
+
     def step(self) -> int:
         """Mark the end of one training/inference step; returns the number of the next step."""
         assert self._recorder is not None, "call step() inside the with block"
@@ -145,6 +166,7 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
         busy, rec.busy = rec.busy, True
         try:
             with torch._C._DisableTorchDispatch():
+                self._settle_weights()  # the block's writes are not seen by the dispatch mode
                 yield
         finally:
             rec.busy = busy
@@ -173,6 +195,7 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
         if self._input_hook is not None:
             self._input_hook.remove()
             self._input_hook = None
+        self._settle_weights()
         rec = self._recorder
         assert rec is not None
         if self._aborted or (exc_type is not None and not isinstance(exc, Exception)):

@@ -9,7 +9,10 @@ and absmax, which still compare across an honest dtype cast.
 from __future__ import annotations
 
 import math
-from typing import Any
+import threading
+from typing import Any, NamedTuple
+
+import numpy as np
 
 import torch
 import xxhash
@@ -17,7 +20,7 @@ from torch.utils._pytree import tree_flatten_with_path, keystr
 
 from accuracy import fused
 from accuracy.manifest import TensorPrint
-from hooks.tensors import _KERNEL_DTYPES, tensor_dtype_name
+from hooks.tensors import _KERNEL_DTYPES, tensor_dtype_name, version_of
 
 
 def tensor_print(t: torch.Tensor) -> TensorPrint | None:
@@ -63,21 +66,44 @@ CHUNK_BYTES = 256 << 10
 assert CHUNK_BYTES % (fused.STATS_BLOCK * 8) == 0
 
 
-def _kernel_print(t: torch.Tensor, data: torch.Tensor) -> TensorPrint:
+def _kernel_print(t: torch.Tensor, data: torch.Tensor, chunk: int = CHUNK_BYTES) -> TensorPrint:
     """The fingerprint of a non-empty contiguous CPU float tensor: its xxh3-128 digest and sum, L2
-    and absmax over its finite values, in one walk of :data:`CHUNK_BYTES` chunks, each hashed
-    (streamed: the digest of the whole) and then summarised by ``accuracy.fused``'s statistics
-    kernel, by address, continuing one head (the numbers a single pass gives)."""
-    raw = data.reshape(-1).view(torch.uint8).numpy().data
-    more = fused.MORE_AT[_KERNEL_DTYPES[data.dtype]]
+    and absmax over its finite values, in one walk of ``chunk``-byte pieces, each hashed (streamed:
+    the digest of the whole) and then summarised by ``accuracy.fused``'s statistics kernel, by
+    address, continuing one head (the numbers a single pass gives, whatever the chunk)."""
+    return _print_from(t, _walk(_KernelInput.of(data), chunk))
+
+
+class _KernelInput(NamedTuple):
+    """What the chunk walk reads: the bytes, their address, element size and the kernel's dtype name."""
+
+    raw: memoryview
+    addr: int
+    item: int
+    dtype: str
+
+    @classmethod
+    def of(cls, data: torch.Tensor) -> _KernelInput:
+        raw = data.reshape(-1).view(torch.uint8).numpy().data
+        return cls(raw, data.data_ptr(), data.element_size(), _KERNEL_DTYPES[data.dtype])
+
+
+def _walk(src: _KernelInput, chunk: int) -> tuple[str, np.ndarray]:
+    """``(digest, statistics head)`` of ``src``, chunk by chunk; no torch op (a thread may run it)."""
+    more = fused.MORE_AT[src.dtype]
     head = fused.empty_head()
     hasher = xxhash.xxh3_128()
-    addr, nbytes, item = data.data_ptr(), raw.nbytes, data.element_size()
-    for start in range(0, nbytes, CHUNK_BYTES):
-        stop = min(start + CHUNK_BYTES, nbytes)
-        hasher.update(raw[start:stop])
+    raw, addr, item = src.raw, src.addr, src.item
+    nbytes = raw.nbytes
+    for start in range(0, nbytes, chunk):
+        stop = min(start + chunk, nbytes)
+        hasher.update(raw[start:stop])  # both release the GIL
         more(addr + start, (stop - start) // item, head)
-    digest = hasher.hexdigest()
+    return hasher.hexdigest(), head
+
+
+def _print_from(t: torch.Tensor, walked: tuple[str, np.ndarray]) -> TensorPrint:
+    digest, head = walked
     lo, hi, total, squares = float(head[0]), float(head[1]), float(head[2]), float(head[3])
     nonfinite, count = int(head[4] + head[5]), int(head[7])
     mean = total / max(count, 1)  # sum as mean x count: the value earlier opbands stored
@@ -112,13 +138,109 @@ def parameter_prints(model: torch.nn.Module) -> dict[str, TensorPrint]:
     out: dict[str, TensorPrint] = {}
     with torch.no_grad():
         for name, t in _parameters_and_buffers(model):
-            try:
-                fp = _print(t)
-            except (RuntimeError, TypeError):  # a tensor subclass that cannot be read: not fingerprinted
-                fp = None
+            fp = _guarded_print(t)
             if fp is not None:
                 out[name] = fp
     return out
+
+
+def _guarded_print(t: torch.Tensor) -> TensorPrint | None:
+    try:
+        return _print(t)
+    except (RuntimeError, TypeError):  # a tensor subclass that cannot be read: not fingerprinted
+        return None
+
+
+#: Bytes a background walk hashes, then summarises, at a time: few pieces, so that the thread asks
+#: for the GIL seldom while the forward pass (Python-bound under a dispatch mode) holds it; 8 MB stays
+#: in a last-level cache for the statistics' second read.
+BACKGROUND_CHUNK_BYTES = 8 << 20
+assert BACKGROUND_CHUNK_BYTES % CHUNK_BYTES == 0
+#: Weights under this size are walked at once, on the caller's thread: each one the thread takes costs
+#: the forward pass a GIL hand-over or two, which a small walk does not repay (llama-small, whose weights
+#: are all under 1.1 MB, ran 0.03x slower with every weight on the thread; llama-mid 0.11x faster).
+BACKGROUND_MIN_BYTES = 2 << 20
+
+
+class ParameterPrints:
+    """:func:`parameter_prints` of the model as it is now, the weights' walks run on a background
+    thread: the digest and the statistics kernel take no torch op and release the GIL, so on a
+    machine with a spare core they overlap the captured forward pass instead of delaying it.
+
+    Contiguous CPU tensors of the statistics kernel's dtypes that have a version counter go to the
+    thread; every other tensor is fingerprinted here, at once. The walks read the weights while the
+    model runs, so call :meth:`result` before anything writes into them: the ``aten`` level's dispatch
+    mode calls it before the first op that writes in place, ``capture.paused()`` before its block.
+    A weight whose version counter or address changed anyway (a write no mode saw, e.g. from
+    another thread) is fingerprinted again as it is at :meth:`result`, and said so in ``notes``.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self._prints: dict[str, TensorPrint | None] = {}  # walk order; None until the thread fills it
+        self._later: list[tuple[str, torch.Tensor, _KernelInput, int]] = []
+        self._walked: dict[str, tuple[str, np.ndarray]] = {}
+        self._error: BaseException | None = None
+        self.notes: list[str] = []
+        with torch.no_grad():
+            for name, t in _parameters_and_buffers(model):
+                later = _background_input(t)
+                if later is None:
+                    self._prints[name] = _guarded_print(t)
+                else:
+                    self._prints[name] = None
+                    self._later.append((name, t, *later))
+        self._thread: threading.Thread | None = None
+        if self._later:
+            self._thread = threading.Thread(target=self._run, name="opband-fingerprints", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for name, _, src, _ in self._later:
+                self._walked[name] = _walk(src, BACKGROUND_CHUNK_BYTES)
+        except BaseException as e:  # noqa: BLE001 - reported by result(), which redoes the rest here
+            self._error = e
+
+    def result(self) -> dict[str, TensorPrint]:
+        """Wait for the thread; every fingerprint by name (the tensors it could not read left out)."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+            if self._error is not None:
+                self.notes.append(f"parameter fingerprints: the background walk failed ({type(self._error).__name__}: "
+                                  f"{self._error}); the rest were fingerprinted after the run")
+            changed = []
+            with torch.no_grad():
+                for name, t, src, version in self._later:
+                    walked = self._walked.get(name)
+                    if walked is not None and version_of(t) == version and t.data_ptr() == src.addr:
+                        self._prints[name] = _print_from(t, walked)
+                    else:
+                        if walked is not None:
+                            changed.append(name)
+                        self._prints[name] = _guarded_print(t)
+            if changed:
+                self.notes.append(f"parameter fingerprints: {len(changed)} weight(s) changed during the capture "
+                                  f"without an op the capture saw (first: {changed[0]}); they describe the weights "
+                                  "as the capture ended")
+            self._later = []
+        return {name: fp for name, fp in self._prints.items() if fp is not None}
+
+
+def _background_input(t: torch.Tensor) -> tuple[_KernelInput, int] | None:
+    """What the background walk reads of ``t`` and its version now, or None to fingerprint it at once."""
+    try:
+        if (type(t) not in (torch.Tensor, torch.nn.Parameter) or not t.is_cpu or t.layout != torch.strided
+                or t.is_nested or t.dtype not in _KERNEL_DTYPES or t.numel() * t.element_size() < BACKGROUND_MIN_BYTES
+                or not t.is_contiguous()
+                or t.is_conj() or t.is_neg()):
+            return None
+        version = version_of(t)
+        if version is None:
+            return None
+        return _KernelInput.of(t.detach()), version
+    except (RuntimeError, TypeError):
+        return None
 
 
 def _parameters_and_buffers(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:

@@ -88,6 +88,8 @@ class AtenMode(TorchDispatchMode):
         name, skip, mutates, call, lands, _ = info
         if mutates:
             rec.stats.epoch += 1  # earlier statistics no longer describe memory this op writes
+            if rec.before_write is not None:
+                rec.before_write()
         if rec.busy or not rec.active:
             return call(*args, **kwargs)
         if skip:  # views, metadata, allocation: counted, nothing else (~40% of a decoder's calls)

@@ -11,7 +11,7 @@ import sys
 import time
 import weakref
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
@@ -90,6 +90,9 @@ class Recorder:
         self.active = opts.steps is None or 0 in opts.steps
         self.closed = False
         self.busy = False  # True while the recorder itself runs torch ops under the dispatch mode
+        # called (once set) before the first op that writes in place: work that reads the model's
+        # memory in the background (parameter fingerprints) finishes first
+        self.before_write: Callable[[], None] | None = None
         self.started = time.monotonic()
         self.last_progress = self.started
         self.show_progress = sys.stderr.isatty() if opts.progress is None else opts.progress
