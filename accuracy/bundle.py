@@ -31,6 +31,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from accuracy import writebehind
 from accuracy.errors import BundleError
 from accuracy.gcpause import paused_gc
 from accuracy.manifest import FORMAT_NAME, FORMAT_VERSION, Manifest, Record, RecordsRef, newer_minor, parse_manifest_head, parse_record
@@ -268,7 +269,7 @@ class BundleWriter:
     that is unavailable, by one copy into a fresh file.
     """
 
-    def __init__(self, path: str | os.PathLike[str], spill_bytes: int | None = None) -> None:
+    def __init__(self, path: str | os.PathLike[str], spill_bytes: int | None = None, background_bytes: int = 0) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._partial = self.path.with_name(self.path.name + ".partial")
@@ -282,6 +283,9 @@ class BundleWriter:
         self._offset = 0
         self._records: BinaryIO = tempfile.SpooledTemporaryFile(max_size=4 << 20, dir=self.path.parent)  # type: ignore[assignment]
         self._record_count = 0
+        # streamed tensor bytes go to a writer thread (up to this many unwritten; 0: written here)
+        self._background = background_bytes if writebehind.AVAILABLE else 0
+        self._behind: writebehind.WriteBehind | None = None
 
     @property
     def bytes_written(self) -> int:
@@ -332,13 +336,39 @@ class BundleWriter:
             raise BundleError(f"tensor {name!r}: {view.nbytes} bytes given, shape needs {size}")
         self._entry(name, dtype, shape, size)
         self._entry_bytes += len(name) + 24 * len(shape) + 96
+        begin = self._offset
         self._offset += size
         if self._buffer is not None and self._offset < self._spill:
             self._buffer.append(bytes(view))  # a copy: the caller may reuse its buffer
             return
         if self._buffer is not None:
             self._start_streaming()
-        self._file.write(view)
+        self._write(begin, view)
+
+    def _write(self, begin: int, view: memoryview) -> None:
+        """Stream bytes that belong at data offset ``begin`` (the next ones): here, or queued to the
+        writer thread (the caller keeps them unchanged until :meth:`drain`)."""
+        assert self._file is not None
+        if self._behind is not None:
+            self._behind.put(self._data_start + begin, view)
+        else:
+            self._file.write(view)
+
+    @property
+    def background(self) -> bool:
+        """Whether streamed bytes are written by a background thread (see :meth:`drain`)."""
+        return self._background > 0
+
+    @property
+    def unwritten_bytes(self) -> int:
+        """Tensor bytes added and still waiting for the writer thread (0 when writes are not in the background)."""
+        return self._behind.unwritten if self._behind is not None else 0
+
+    def drain(self) -> None:
+        """Return once every tensor added so far is on disk: call it before anything may write into
+        memory handed to :meth:`add` (background writes read it later); a no-op otherwise."""
+        if self._behind is not None:
+            self._behind.drain()
 
     def _entry(self, name: str, dtype: str, shape: tuple[int, ...], size: int) -> None:
         """Note a tensor's header entry (compact JSON, exactly as ``json.dumps`` of the header writes it)."""
@@ -359,6 +389,9 @@ class BundleWriter:
         for piece in self._buffer:
             self._file.write(piece)
         self._buffer = None
+        if self._background:
+            self._file.flush()  # from here on the thread writes at explicit offsets
+            self._behind = writebehind.WriteBehind(self._file.fileno(), self._background)
 
     def _add_records_tensor(self) -> None:
         """The spooled record lines, as the last tensor (streamed in pieces past ``spill_bytes``)."""
@@ -370,12 +403,13 @@ class BundleWriter:
             return
         self._entry(RECORDS_TENSOR, "U8", (size,), size)
         self._entry_bytes += len(RECORDS_TENSOR) + 120
+        begin = self._offset
         self._offset += size
         if self._buffer is not None:
             self._start_streaming()
-        assert self._file is not None
         while piece := spool.read(16 << 20):
-            self._file.write(piece)
+            self._write(begin, memoryview(piece))
+            begin += len(piece)
 
     def _manifest_json(self, manifest: Manifest) -> str:
         """The manifest without its records, which it names instead (format 2.0)."""
@@ -398,6 +432,9 @@ class BundleWriter:
         raw += b" " * (-len(raw) % 8)  # align the data buffer to 8 bytes, as safetensors does
         out, self._file = self._file, None
         try:
+            if self._behind is not None:
+                behind, self._behind = self._behind, None
+                behind.close()  # every streamed byte on disk before the header goes in front
             if self._buffer is not None:  # small bundle: one sequential write
                 out.write(struct.pack("<Q", len(raw)))
                 out.write(raw)
@@ -429,6 +466,9 @@ class BundleWriter:
 
     def abort(self) -> None:
         """Drop everything written so far."""
+        if self._behind is not None:
+            self._behind.stop()
+            self._behind = None
         if self._file is not None:
             self._file.close()
             self._file = None

@@ -151,6 +151,8 @@ def measure(n: int, numel: int, roots: list[str], where: str | None,
     """Write a pair of N records with the opband at each of ``roots``, then compare each pair and ingest
     its target ``rounds`` times, the roots interleaved within each round; per root and step, the
     round of median CPU time (peak RSS: the largest of the rounds)."""
+    if where is not None:
+        os.makedirs(where, exist_ok=True)
     with ExitStack() as stack:
         dirs, results = [], []
         for root in roots:

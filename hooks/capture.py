@@ -109,7 +109,7 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
         try:
             if self.options.level == "aten":  # its dispatch mode sees every in-place write: walk the weights meanwhile
                 self._weights = ParameterPrints(self.model)
-                rec.before_write = self._settle_weights
+                rec.wait_before_writes(self._settle_weights)
             else:
                 self._prints.parameters = parameter_prints(self.model)
         except Exception as e:  # noqa: BLE001 - capture must never break the user's run
@@ -136,8 +136,6 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
         """Finish the parameter fingerprints (before anything may write into the weights)."""
         job, self._weights = self._weights, None
         rec = self._recorder
-        if rec is not None:
-            rec.before_write = None
         if job is None:
             return
         try:
@@ -166,7 +164,8 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
         busy, rec.busy = rec.busy, True
         try:
             with torch._C._DisableTorchDispatch():
-                self._settle_weights()  # the block's writes are not seen by the dispatch mode
+                if rec.before_write is not None:  # the block's writes are not seen by the dispatch mode
+                    rec.before_write()
                 yield
         finally:
             rec.busy = busy

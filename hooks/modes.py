@@ -105,6 +105,12 @@ class AtenMode(TorchDispatchMode):
             rec.record("aten", *plan[:4], landed(out) if lands else out, *plan[4:])
         return out
 
+    def before_unseen_ops(self) -> None:
+        """Ops this mode will not see are about to run (a compiled block, see ``hooks.compiled``): the
+        recorder's background readers of the model's memory finish first, as before an in-place op."""
+        if self.recorder.before_write is not None:
+            self.recorder.before_write()
+
     def _learn(self, func: Any) -> tuple[str, bool, bool, Any, bool, Any]:
         """What every call of this op overload shares: its name, whether it is skipped, whether it
         writes in place; and ``func._op``, the C++ callable ``OpOverload.__call__`` forwards to."""

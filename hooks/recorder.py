@@ -41,6 +41,11 @@ if TYPE_CHECKING:
     from hooks.capture import CaptureOptions
 
 
+#: Tensor bytes a capture may have queued for its writer thread, not yet on disk (at most
+#: ``CaptureOptions.buffer_bytes``): the outputs they belong to stay alive until written.
+BACKGROUND_WRITE_BYTES = 16 << 20
+
+
 def _shape(a: Any) -> list[int] | None:
     """The shape of a tensor input, or None (non-tensors, nested tensors have no single shape)."""
     if not isinstance(a, torch.Tensor):
@@ -65,7 +70,10 @@ class Recorder:
 
     def __init__(self, path: Path, opts: CaptureOptions) -> None:
         self.opts = opts
-        self.writer = BundleWriter(path)
+        # the aten level's dispatch mode sees every in-place write, so it can drain the writer thread
+        # before one: only there may tensors be written to disk after the op that made them returns
+        self.writer = BundleWriter(path, background_bytes=min(opts.buffer_bytes, BACKGROUND_WRITE_BYTES)
+                                   if opts.level == "aten" else 0)
         self.records: list[dict[str, Any]] | list[Record] = []  # plain dicts until finish() validates them
         self.stats = StatsBatch(epochs=opts.level == "aten")
         self.stats_of: list[int | None] = []
@@ -90,9 +98,10 @@ class Recorder:
         self.active = opts.steps is None or 0 in opts.steps
         self.closed = False
         self.busy = False  # True while the recorder itself runs torch ops under the dispatch mode
-        # called (once set) before the first op that writes in place: work that reads the model's
-        # memory in the background (parameter fingerprints) finishes first
-        self.before_write: Callable[[], None] | None = None
+        # called (when set) before each op that writes in place: work that reads the model's memory in
+        # the background (parameter fingerprints, tensor writes) finishes first
+        self._settle: Callable[[], None] | None = None
+        self.before_write: Callable[[], None] | None = self._quiesce if self.writer.background else None
         self.started = time.monotonic()
         self.last_progress = self.started
         self.show_progress = sys.stderr.isatty() if opts.progress is None else opts.progress
@@ -102,6 +111,25 @@ class Recorder:
         self._module_globs = list(opts.modules or [])
         self._op_globs = list(opts.ops or [])
         fused.warm_up()  # compile (or load from numba's cache) the statistics kernels now, not in the first op
+
+    # -- background readers of the model's memory -------------------------------------------
+    def wait_before_writes(self, settle: Callable[[], None]) -> None:
+        """Have ``settle`` run, once, before the first op that writes in place (or :meth:`_quiesce`)."""
+        self._settle = settle
+        self.before_write = self._quiesce
+
+    def _quiesce(self) -> None:
+        """Before an op writes in place, or ops the capture does not see run: background readers of
+        the model's memory finish. Never raises (a failed write is reported again when the bundle closes)."""
+        settle, self._settle = self._settle, None
+        try:
+            if settle is not None:
+                settle()
+            self.writer.drain()
+        except Exception as e:  # noqa: BLE001 - capture must never break the user's run
+            self.diagnose(None, e)
+        if not self.writer.background:
+            self.before_write = None
 
     # -- keys and filters -------------------------------------------------------------------
     @property
@@ -226,8 +254,8 @@ class Recorder:
             self.stored[id(t)] = (weakref.ref(t), version, rec_id)
         if where is not None:
             self.by_storage.put(where, (self.stats.epoch, rec_id, slot), data)
-        if self.pending_bytes >= self.opts.buffer_bytes:
-            self.flush()
+        if self.pending_bytes and self.pending_bytes + self.writer.unwritten_bytes >= self.opts.buffer_bytes:
+            self.flush()  # host copies and what the writer thread still holds share the buffer
         return rec_id
 
     @staticmethod

@@ -1,0 +1,169 @@
+"""Positioned file writes on a background thread, so that a capture's tensor bytes reach the disk while
+the model keeps running on the caller's thread.
+
+The caller hands over byte views with the file offset each belongs at (:meth:`WriteBehind.put`);
+the thread takes whatever has queued up and writes it with one ``os.pwritev`` per batch (the GIL is
+released for the whole batch, so a Python-bound caller is interrupted once per batch, not once per
+tensor). Queued bytes are bounded: ``put`` waits while ``limit`` bytes are still unwritten. The
+views must stay unchanged until written: the caller keeps them alive (a view holds its owner) and
+calls :meth:`drain` before anything may write into them. A write error stops the thread; the next
+``put``, ``drain`` or ``close`` raises it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import deque
+from collections.abc import Callable
+
+from accuracy.errors import BundleError
+
+#: what the thread writes in one call at most (Linux's IOV_MAX is 1024)
+MAX_BATCH = 512
+
+#: the thread wakes when this many bytes have queued up (or on drain): each wake-up costs the caller
+#: a GIL hand-over, which one per small tensor made cost as much as the writes it took away
+WAKE_BYTES = 4 << 20
+
+#: whether this platform has positioned vector writes (Linux and most Unixes; not Windows)
+AVAILABLE = hasattr(os, "pwritev")
+
+
+class WriteBehind:
+    """Write ``(offset, bytes)`` pieces to ``fd`` on a background thread, in batches."""
+
+    def __init__(self, fd: int, limit: int) -> None:
+        if not AVAILABLE:
+            raise BundleError("background writes need os.pwritev, which this platform lacks")
+        self._fd = fd
+        self._limit = max(limit, 1)
+        self._queue: deque[tuple[int, memoryview]] = deque()
+        self._queued = 0  # bytes put and not yet written (queued or in the batch being written)
+        self._busy = False  # a batch is being written
+        self._flushing = 0  # drain() calls waiting: write whatever is queued, however little
+        self._wake = min(WAKE_BYTES, self._limit)
+        self._closing = False
+        self._error: BaseException | None = None
+        self._cond = threading.Condition(threading.Lock())
+        self._thread = threading.Thread(target=self._run, name="opband-bundle-writer", daemon=True)
+        self._thread.start()
+
+    def put(self, offset: int, data: memoryview) -> None:
+        """Queue ``data`` (a flat byte view its owner keeps alive) to be written at ``offset``."""
+        n = data.nbytes
+        if not n:
+            return
+        with self._cond:
+            if self._queued and self._queued + n > self._limit:
+                self._wait_written(lambda: bool(self._queued) and self._queued + n > self._limit)
+            self._raise_error()
+            self._queue.append((offset, data))
+            self._queued += n
+            if self._queued >= self._wake and not self._busy:
+                self._cond.notify_all()
+
+    @property
+    def unwritten(self) -> int:
+        """Bytes put and not yet written."""
+        return self._queued
+
+    def drain(self) -> None:
+        """Return once every piece put so far is written (raises the thread's write error, if any)."""
+        with self._cond:
+            self._wait_written(lambda: bool(self._queue) or self._busy)
+            self._raise_error()
+
+    def _wait_written(self, pending: Callable[[], bool]) -> None:
+        """With the lock held: have the thread write what is queued, however little, until ``pending()``
+        is false or a write failed."""
+        self._flushing += 1
+        self._cond.notify_all()
+        try:
+            while pending() and self._error is None:
+                self._cond.wait()
+        finally:
+            self._flushing -= 1
+
+    def close(self) -> None:
+        """Drain, then stop the thread (raises a write error, after stopping)."""
+        try:
+            self.drain()
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        """Stop the thread, dropping what is still queued (for an aborted bundle)."""
+        with self._cond:
+            self._closing = True
+            self._queue.clear()
+            self._cond.notify_all()
+        self._thread.join()
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            e = self._error
+            raise BundleError(f"writing the bundle failed: {e}") from e
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closing and not (self._queue and (self._queued >= self._wake or self._flushing)):
+                    self._cond.wait()
+                if self._closing:
+                    return
+                batch = [self._queue.popleft() for _ in range(min(len(self._queue), MAX_BATCH))]
+                self._busy = True
+            written = 0
+            try:
+                written = _write_batch(self._fd, batch)
+            except BaseException as e:  # noqa: BLE001 - handed to the caller by put/drain/close
+                with self._cond:
+                    self._error = e
+                    self._busy = False
+                    self._queue.clear()
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                self._queued -= written
+                self._busy = False
+                self._cond.notify_all()
+
+
+def _write_batch(fd: int, batch: list[tuple[int, memoryview]]) -> int:
+    """Write the pieces, merging runs of adjacent ones into one ``pwritev`` each; bytes written."""
+    total = 0
+    i = 0
+    while i < len(batch):
+        start = batch[i][0]
+        views = [batch[i][1]]
+        end = start + batch[i][1].nbytes
+        i += 1
+        while i < len(batch) and batch[i][0] == end:
+            views.append(batch[i][1])
+            end += batch[i][1].nbytes
+            i += 1
+        total += _pwritev_all(fd, views, start)
+    return total
+
+
+def _pwritev_all(fd: int, views: list[memoryview], offset: int) -> int:
+    """``os.pwritev`` until every byte of ``views`` is written at ``offset`` (it may write fewer)."""
+    size = sum(v.nbytes for v in views)
+    done = 0
+    while done < size:
+        n = os.pwritev(fd, views, offset + done)
+        if n <= 0:
+            raise OSError(f"pwritev wrote {n} bytes")
+        done += n
+        if done < size:  # drop what was written from the front of the views
+            rest: list[memoryview] = []
+            skip = n
+            for v in views:
+                if skip >= v.nbytes:
+                    skip -= v.nbytes
+                    continue
+                rest.append(v[skip:])
+                skip = 0
+            views = rest
+    return size

@@ -1,0 +1,172 @@
+"""Tensor bytes written by a background thread (``accuracy.writebehind``; issue 14): the same file as
+written in place, bounded memory, errors that surface, and a full ``aten`` capture whose outputs are
+written in place by the model right after they are recorded."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from accuracy import writebehind
+from accuracy.bundle import Bundle, BundleWriter
+from accuracy.errors import BundleError
+from accuracy.manifest import Manifest, Record
+from hooks import capture
+
+pytestmark = pytest.mark.skipif(not writebehind.AVAILABLE, reason="os.pwritev is not available on this platform")
+
+
+def _writer_threads() -> int:
+    return sum(t.name == "opband-bundle-writer" for t in threading.enumerate())
+
+
+def test_pieces_land_at_their_offsets_in_any_batching(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    sizes = [1, 7, 4096, 3 << 20, 5, 9 << 20, 12345, 1 << 20]  # small, large, past the wake-up and the limit
+    pieces = [rng.integers(0, 256, n, dtype=np.uint8) for n in sizes]
+    path = tmp_path / "f"
+    with open(path, "w+b") as f:
+        w = writebehind.WriteBehind(f.fileno(), limit=4 << 20)  # a piece over the limit must not deadlock
+        offset = 100
+        for p in pieces:
+            w.put(offset, memoryview(p))
+            offset += p.nbytes
+        w.put(0, memoryview(b"H" * 100))  # out of order: an earlier offset, written in its own call
+        w.close()
+    data = path.read_bytes()
+    assert data[:100] == b"H" * 100
+    assert data[100:] == b"".join(p.tobytes() for p in pieces)
+    assert _writer_threads() == 0
+
+
+def test_short_writes_are_continued(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = os.pwritev
+
+    def at_most_1000(fd: int, views: list[memoryview], offset: int) -> int:
+        first = bytes(views[0][:1000])
+        return real(fd, [first], offset)
+
+    monkeypatch.setattr(os, "pwritev", at_most_1000)
+    pieces = [bytes([i]) * (2500 + i) for i in range(5)]
+    path = tmp_path / "f"
+    with open(path, "w+b") as f:
+        w = writebehind.WriteBehind(f.fileno(), limit=1 << 20)
+        offset = 0
+        for p in pieces:
+            w.put(offset, memoryview(p))
+            offset += len(p)
+        w.close()
+    assert path.read_bytes() == b"".join(pieces)
+
+
+def test_a_failed_write_is_raised_by_drain_and_close(tmp_path: Path) -> None:
+    path = tmp_path / "ro"
+    path.write_bytes(b"")
+    fd = os.open(path, os.O_RDONLY)  # writes fail with EBADF
+    try:
+        w = writebehind.WriteBehind(fd, limit=1 << 20)
+        w.put(0, memoryview(b"x" * 10))
+        with pytest.raises(BundleError, match="writing the bundle failed"):
+            w.drain()
+        with pytest.raises(BundleError, match="writing the bundle failed"):
+            w.close()
+    finally:
+        os.close(fd)
+    assert _writer_threads() == 0
+
+
+def _fill(w: BundleWriter, rng: np.random.Generator) -> list[np.ndarray]:
+    arrays = []
+    for i in range(40):
+        a = rng.standard_normal(rng.integers(1, 400_000)).astype(np.float32)
+        arrays.append(a)
+        w.add_array(f"t{i}", a)
+        r = Record(key=f"m/aten.mul#{i}", module="m", op="aten.mul", ordinal=i, index=i, shape=[a.size],
+                   dtype="float32", tensor=f"t{i}")
+        w.add_record(r)
+    return arrays
+
+
+@pytest.mark.parametrize("spill", [0, 1 << 20, 64 << 20])
+def test_bundle_is_byte_identical_to_one_written_in_place(tmp_path: Path, spill: int) -> None:
+    """Streamed from the first tensor, from the 1 MB mark, or never (a small bundle needs no thread)."""
+    files = []
+    for background in (0, 2 << 20):
+        path = tmp_path / f"b{background}.bundle"
+        w = BundleWriter(path, spill_bytes=spill, background_bytes=background)
+        arrays = _fill(w, np.random.default_rng(1))
+        w.close(Manifest(run={"variant": "fp32"}))
+        files.append(path.read_bytes())
+        b = Bundle.open(path)
+        assert all(np.array_equal(b.values(f"t{i}"), a) for i, a in enumerate(arrays))
+    assert files[0] == files[1]
+    assert _writer_threads() == 0
+
+
+def test_abort_stops_the_thread_and_leaves_nothing(tmp_path: Path) -> None:
+    w = BundleWriter(tmp_path / "a.bundle", spill_bytes=0, background_bytes=1 << 20)
+    _fill(w, np.random.default_rng(2))
+    w.abort()
+    assert not list(tmp_path.iterdir())
+    assert _writer_threads() == 0
+
+
+class _WritesItsOutputs(torch.nn.Module):
+    """Each step's matmul output is recorded, then the model writes into it in place (and through a view)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(512, 512, generator=torch.Generator().manual_seed(0)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        outs = []
+        for _ in range(12):  # 12 x 1 MB outputs: past the 8 MB spill, under the 4 MB wake-up between writes
+            y = x @ self.w
+            y.mul_(-3.0)
+            y[:, :7].zero_()
+            outs.append(y)
+        return torch.stack(outs).sum(0)
+
+
+def test_full_capture_stores_outputs_as_the_op_made_them(tmp_path: Path) -> None:
+    """Outputs queued for the writer thread are on disk before the next in-place op runs: the bundle
+    holds each matmul's result, not what the model later wrote into the same memory."""
+    model = _WritesItsOutputs()
+    x = torch.randn(512, 512, generator=torch.Generator().manual_seed(1))
+    expected = (x @ model.w).detach()
+    with torch.no_grad(), capture(model, tmp_path / "c.bundle", level="aten", mode="full", progress=False):
+        model(x)
+    b = Bundle.open(tmp_path / "c.bundle")
+    mms = [r for r in b.records if r.op == "aten.mm"]
+    assert len(mms) == 12
+    for r in mms:
+        assert r.tensor is not None
+        assert np.array_equal(b.values(r.tensor).reshape(512, 512), expected.numpy()), r.key
+    assert not b.manifest.diagnostics
+    assert _writer_threads() == 0
+
+
+def test_ops_the_mode_does_not_see_wait_for_the_writes(tmp_path: Path) -> None:
+    """A compiled block runs with the dispatch mode stepped aside (``hooks.compiled.capture_paused``):
+    what it writes in place into an output still queued for the writer thread waits for that write."""
+    from hooks.compiled import capture_paused
+
+    model = _WritesItsOutputs()
+    x = torch.randn(512, 512, generator=torch.Generator().manual_seed(2))
+    expected = (x @ model.w).detach()
+    with torch.no_grad(), capture(model, tmp_path / "u.bundle", level="aten", mode="full", progress=False):
+        ys = [x @ model.w for _ in range(10)]  # 10 MB: streaming, still under the thread's wake-up
+        with capture_paused():
+            for y in ys:
+                y.add_(1.0)
+    b = Bundle.open(tmp_path / "u.bundle")
+    mms = [r for r in b.records if r.op == "aten.mm"]
+    assert len(mms) == 10
+    for r in mms:
+        assert r.tensor is not None
+        assert np.array_equal(b.values(r.tensor).reshape(512, 512), expected.numpy()), r.key
