@@ -476,6 +476,24 @@ class BundleWriter:
         self._buffer = None
         self._partial.unlink(missing_ok=True)
 
+    def forget(self) -> None:
+        """In a process forked while this writer was open: drop it without a byte reaching the
+        parent's files (their descriptors here point at ``os.devnull`` from now on, so no flush or
+        close of this copy can write into them; the parent's writer thread does not exist here)."""
+        self._behind = None
+        self._buffer = None
+        files = [f for f in (self._file, getattr(self._records, "_file", None)) if f is not None]
+        self._file = None
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            for f in files:
+                try:
+                    os.dup2(null, f.fileno())
+                except (OSError, ValueError, io.UnsupportedOperation):  # in memory, or closed: nothing shared
+                    pass
+        finally:
+            os.close(null)
+
     def __enter__(self) -> BundleWriter:
         return self
 

@@ -194,9 +194,11 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
         if self._input_hook is not None:
             self._input_hook.remove()
             self._input_hook = None
-        self._settle_weights()
         rec = self._recorder
         assert rec is not None
+        if rec.forked:  # a child forked inside the block left it: the bundle is the parent's to write
+            return
+        self._settle_weights()
         if self._aborted or (exc_type is not None and not isinstance(exc, Exception)):
             rec.abort()  # KeyboardInterrupt / SystemExit: leave no bundle behind
             return

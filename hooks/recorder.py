@@ -7,6 +7,7 @@ turns its own failures into diagnostics instead of raising.
 from __future__ import annotations
 
 import fnmatch
+import os
 import sys
 import time
 import weakref
@@ -102,6 +103,8 @@ class Recorder:
         # the background (parameter fingerprints, tensor writes) finishes first
         self._settle: Callable[[], None] | None = None
         self.before_write: Callable[[], None] | None = self._quiesce if self.writer.background else None
+        self.forked = False  # this is a fork of the capturing process (see _forked_off)
+        _LIVE.add(self)
         self.started = time.monotonic()
         self.last_progress = self.started
         self.show_progress = sys.stderr.isatty() if opts.progress is None else opts.progress
@@ -314,6 +317,29 @@ class Recorder:
     def abort(self) -> None:
         self.closed = True
         self.writer.abort()
+
+    def _forked_off(self) -> None:
+        """In a child forked during the capture (a DataLoader worker): record nothing, wait for no
+        thread (the parent's threads do not exist here) and never touch the parent's bundle."""
+        self.forked = True
+        self.active = False
+        self.closed = True
+        self.before_write = None
+        self._settle = None
+        self.writer.forget()
+
+
+#: recorders of captures in progress in this process (a forked child silences its copies)
+_LIVE: weakref.WeakSet[Recorder] = weakref.WeakSet()
+
+
+def _silence_in_child() -> None:
+    for rec in list(_LIVE):
+        rec._forked_off()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_silence_in_child)
 
 
 _KINDS = frozenset(get_args(RecordKind))

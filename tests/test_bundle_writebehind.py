@@ -170,3 +170,47 @@ def test_ops_the_mode_does_not_see_wait_for_the_writes(tmp_path: Path) -> None:
     for r in mms:
         assert r.tensor is not None
         assert np.array_equal(b.values(r.tensor).reshape(512, 512), expected.numpy()), r.key
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_child_forked_inside_the_capture_leaves_the_parent_bundle_alone(tmp_path: Path) -> None:
+    """A DataLoader worker forked inside the block inherits the dispatch mode and a copy of the recorder:
+    the copy records nothing, waits for no writer thread (there is none in the child: a put past the
+    queue limit would hang it) and, leaving the block, writes no bundle; the parent's is intact."""
+    import time
+
+    model = _WritesItsOutputs()
+    x = torch.randn(512, 512, generator=torch.Generator().manual_seed(3))
+    expected = (x @ model.w).detach()
+    path = tmp_path / "f.bundle"
+    pid = -1
+    try:
+        with torch.no_grad(), capture(model, path, level="aten", mode="full", progress=False):
+            model(x)  # streaming, the writer thread holding queued outputs
+            pid = os.fork()
+            if pid == 0:
+                torch.set_num_threads(1)  # as a DataLoader worker does (a forked OpenMP pool hangs)
+                for _ in range(40):  # 40 MB a live copy of the recorder would queue
+                    y = x @ model.w
+                    y.add_(1.0)
+            else:
+                deadline = time.monotonic() + 60
+                while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                if done[0] == 0:
+                    os.kill(pid, 9)
+                    os.waitpid(pid, 0)
+                    pytest.fail("the forked child hung")
+                assert os.waitstatus_to_exitcode(done[1]) == 0
+    except BaseException:
+        if pid == 0:
+            os._exit(1)
+        raise
+    if pid == 0:
+        os._exit(0)
+    b = Bundle.open(path)
+    mms = [r for r in b.records if r.op == "aten.mm"]
+    assert len(mms) == 12
+    for r in mms:
+        assert np.array_equal(b.values(r.tensor).reshape(512, 512), expected.numpy()), r.key  # type: ignore[arg-type]
+    assert not b.manifest.diagnostics
