@@ -15,7 +15,8 @@ ops, ``llama-mid`` ~100 ms, ``llama-tiny`` llama-small's ops on tensors of a few
 
 ``--clock cpu`` (default) times the process's CPU time, which a busy shared machine disturbs far
 less than wall time (torch runs on ``--threads``, default 1, so the two agree on an idle machine);
-``--clock wall`` times wall time. They part at the ``aten`` level: its weights of 2 MB or more are
+``--clock wall`` times wall time (each measurement starts after ``os.sync()``: the previous one's
+dirty pages are not written back during it). They part at the ``aten`` level: its weights of 2 MB or more are
 fingerprinted on a background thread while the forward runs (``hooks.fingerprints.ParameterPrints``),
 which a spare core takes off the wall time but not off the process's CPU time. Goals (issue 14): llama-small summary <= 1.5x, full <= 2.5x,
 <= 10 us per op; llama-mid summary <= 1.2x, full <= plain + 1.2x a raw write.
@@ -59,6 +60,14 @@ def _captured(clock: Callable[[], float], model: torch.nn.Module, x: torch.Tenso
     with capture(model, path, progress=False, **opts):
         model(x)
     return clock() - t, path.stat().st_size
+
+
+def _settle_disk() -> None:
+    """Untimed, between measurements: the kernel writes back what the last capture and raw write left
+    dirty now, not on the spare core while the next measurement runs (where the aten level walks
+    weights and writes tensors in the background)."""
+    if hasattr(os, "sync"):
+        os.sync()
 
 
 def _raw_write(clock: Callable[[], float], path: Path, nbytes: int, chunk: int = 16 << 20) -> float:
@@ -157,6 +166,7 @@ def main() -> None:
                     nbytes[level] = size
                     raw[level].append(_raw_write(clock, d / "raw.bin", size))
                 (d / f"{level}-{mode}.bundle").unlink()
+                _settle_disk()
     med = {k: statistics.median(v) for k, v in times.items()}
     goals = GOALS[args.model]
     print(f"model {args.model}: threads={torch.get_num_threads()} runs={args.runs} clock={args.clock} "
