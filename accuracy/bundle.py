@@ -346,8 +346,9 @@ class BundleWriter:
         self._write(begin, view)
 
     def _write(self, begin: int, view: memoryview) -> None:
-        """Stream bytes that belong at data offset ``begin`` (the next ones): here, or queued to the
-        writer thread (the caller keeps them unchanged until :meth:`drain`)."""
+        """Stream bytes that belong at data offset ``begin``: written here (where the file position is
+        ``begin`` already), or queued to the writer thread, which writes them at that offset (the caller
+        keeps them unchanged until :meth:`drain`)."""
         assert self._file is not None
         if self._behind is not None:
             self._behind.put(self._data_start + begin, view)
@@ -423,8 +424,12 @@ class BundleWriter:
         :meth:`add_record`, then ``manifest.records``)."""
         if self._file is None:
             raise BundleError("bundle writer is closed")
-        self.add_records(manifest.records)
-        self._add_records_tensor()
+        try:
+            self.add_records(manifest.records)
+            self._add_records_tensor()
+        except BaseException:
+            self.abort()  # the writer thread stopped, the partial file gone
+            raise
         self._records.close()
         metadata = {_META_FORMAT: FORMAT_NAME, _META_MANIFEST: self._manifest_json(manifest)}
         raw = b'{"__metadata__":' + json.dumps(metadata, separators=(",", ":")).encode() + self._entries + b"}"

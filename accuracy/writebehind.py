@@ -4,7 +4,8 @@ the model keeps running on the caller's thread.
 The caller hands over byte views with the file offset each belongs at (:meth:`WriteBehind.put`);
 the thread takes whatever has queued up and writes it with one ``os.pwritev`` per batch (the GIL is
 released for the whole batch, so a Python-bound caller is interrupted once per batch, not once per
-tensor). Queued bytes are bounded: ``put`` waits while ``limit`` bytes are still unwritten. The
+tensor). Queued bytes are bounded: ``put`` waits while the new piece would take the unwritten bytes
+past ``limit`` (a piece larger than ``limit`` waits for an empty queue). The
 views must stay unchanged until written: the caller keeps them alive (a view holds its owner) and
 calls :meth:`drain` before anything may write into them. A write error stops the thread; the next
 ``put``, ``drain`` or ``close`` raises it.
@@ -18,6 +19,10 @@ from collections import deque
 from collections.abc import Callable
 
 from accuracy.errors import BundleError
+
+class WriteFailed(BundleError):
+    """The writer thread could not write (disk full, I/O error): every later put, drain and close says so."""
+
 
 #: what the thread writes in one call at most (Linux's IOV_MAX is 1024)
 MAX_BATCH = 512
@@ -51,6 +56,8 @@ class WriteBehind:
 
     def put(self, offset: int, data: memoryview) -> None:
         """Queue ``data`` (a flat byte view its owner keeps alive) to be written at ``offset``."""
+        if data.format != "B" or data.ndim != 1:
+            data = data.cast("B")  # flat bytes: short writes are continued by byte offsets
         n = data.nbytes
         if not n:
             return
@@ -103,7 +110,7 @@ class WriteBehind:
     def _raise_error(self) -> None:
         if self._error is not None:
             e = self._error
-            raise BundleError(f"writing the bundle failed: {e}") from e
+            raise WriteFailed(f"writing the bundle failed: {e}") from e
 
     def _run(self) -> None:
         while True:
@@ -122,6 +129,7 @@ class WriteBehind:
                     self._error = e
                     self._busy = False
                     self._queue.clear()
+                    self._queued = 0  # nothing more will be written: no one waits on these bytes
                     self._cond.notify_all()
                 return
             with self._cond:

@@ -4,8 +4,9 @@ Module level uses global forward hooks, looking each module's path up in ``model
 so user code needs no changes. ``api`` adds a ``TorchFunctionMode`` (each top-level torch call);
 ``aten`` adds a ``TorchDispatchMode`` that sees every op after autograd, tagged with the innermost
 module path. Recording never raises into the user's forward pass: a failure becomes a diagnostic
-in the manifest. Tensors are copied off the live run (the model may mutate them in place later),
-buffered, and streamed to the bundle when the buffer fills.
+in the manifest. CPU tensors are written to the bundle as they are recorded (at the ``aten`` level by a
+writer thread, drained before any op writes in place); accelerator tensors are copied to the host
+(the model may mutate them in place later), buffered, and streamed to the bundle when the buffer fills.
 """
 
 from __future__ import annotations
@@ -181,6 +182,8 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
             if rec.wants(module, op):
                 rec.trusted = False  # the caller's names and kind: finish() validates every record
                 rec.record(kind, module, op, key, ordinal, tensor, [tensor])
+                if rec.before_write is not None:  # on disk before the caller's unseen ops (paused
+                    rec.before_write()  # blocks, a gradient clip) write into the tensor
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if self._mode is not None:
@@ -198,21 +201,26 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
         assert rec is not None
         if rec.forked:  # a child forked inside the block left it: the bundle is the parent's to write
             return
-        self._settle_weights()
         if self._aborted or (exc_type is not None and not isinstance(exc, Exception)):
-            rec.abort()  # KeyboardInterrupt / SystemExit: leave no bundle behind
-            return
-        if exc_type is not None:
-            rec.diagnose(None, f"the captured block raised {exc_type.__name__}: {exc}")
-        opts = self.options
-        run = {**opts.run, "level": opts.level, "mode": opts.mode,
-               "options": _options_note(opts), "intrusive_ops": intrusive_ops(opts.level)}
-        if self.distributed is not None:
-            run["distributed"] = self.distributed
-        if opts.steps is not None or rec.step:
-            run["steps"] = {"selected": opts.steps, "seen": rec.step + 1}
-        prints = self._prints if (self._prints.inputs or self._prints.parameters) else None
-        self.bundle_path = rec.finish(run, environment(opts.run.get("device")), prints)
+            rec.abort()  # KeyboardInterrupt / SystemExit: leave no bundle behind (a weight walk still
+            return  # running ends on its own; nothing waits for it)
+        try:
+            self._settle_weights()
+            if exc_type is not None:
+                rec.diagnose(None, f"the captured block raised {exc_type.__name__}: {exc}")
+            opts = self.options
+            run = {**opts.run, "level": opts.level, "mode": opts.mode,
+                   "options": _options_note(opts), "intrusive_ops": intrusive_ops(opts.level)}
+            if self.distributed is not None:
+                run["distributed"] = self.distributed
+            if opts.steps is not None or rec.step:
+                run["steps"] = {"selected": opts.steps, "seen": rec.step + 1}
+            prints = self._prints if (self._prints.inputs or self._prints.parameters) else None
+            env = environment(opts.run.get("device"))
+        except BaseException:
+            rec.abort()  # e.g. Ctrl-C while the weight walk is awaited: no partial file, no writer thread
+            raise
+        self.bundle_path = rec.finish(run, env, prints)  # aborts by itself when it fails
 
     @property
     def records(self) -> Iterator[Record]:

@@ -208,7 +208,8 @@ class ParameterPrints:
             self._thread = None
             if self._error is not None:
                 self.notes.append(f"parameter fingerprints: the background walk failed ({type(self._error).__name__}: "
-                                  f"{self._error}); the rest were fingerprinted after the run")
+                                  f"{self._error}); the rest were fingerprinted when it was collected (at the "
+                                  "capture's first in-place write or its end)")
             changed = []
             with torch.no_grad():
                 for name, t, src, version in self._later:
@@ -222,7 +223,7 @@ class ParameterPrints:
             if changed:
                 self.notes.append(f"parameter fingerprints: {len(changed)} weight(s) changed during the capture "
                                   f"without an op the capture saw (first: {changed[0]}); they describe the weights "
-                                  "as the capture ended")
+                                  "when the walk was collected (the capture's first in-place write or its end)")
             self._later = []
         return {name: fp for name, fp in self._prints.items() if fp is not None}
 

@@ -84,6 +84,8 @@ class AtenMode(TorchDispatchMode):
                 info = self._learn(func)
             except Exception as e:  # noqa: BLE001 - capture must never break the user's run
                 rec.diagnose(None, e)
+                if rec.before_write is not None:  # it may write in place: background readers finish first
+                    rec.before_write()
                 return func(*args, **kwargs)
         name, skip, mutates, call, lands, _ = info
         if mutates:
@@ -100,6 +102,8 @@ class AtenMode(TorchDispatchMode):
         except Exception as e:  # noqa: BLE001 - capture must never break the user's run
             rec.diagnose(None, e)
             plan = None
+        if mutates and rec.opts.inputs and rec.before_write is not None:
+            rec.before_write()  # the inputs just stored for replay are on disk before the op writes into them
         out = call(*args, **kwargs)
         if plan is not None:
             rec.record("aten", *plan[:4], landed(out) if lands else out, *plan[4:])

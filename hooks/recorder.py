@@ -21,6 +21,7 @@ import pydantic
 import torch
 
 from accuracy.bundle import BundleWriter
+from accuracy.writebehind import WriteFailed
 from accuracy import fused
 from accuracy.manifest import Diagnostic, Fingerprints, Manifest, Record, RecordKind, Stats
 from hooks import devices
@@ -104,6 +105,7 @@ class Recorder:
         self._settle: Callable[[], None] | None = None
         self.before_write: Callable[[], None] | None = self._quiesce if self.writer.background else None
         self.forked = False  # this is a fork of the capturing process (see _forked_off)
+        self.write_error: str | None = None  # the writer thread's failure, once it failed
         _LIVE.add(self)
         self.started = time.monotonic()
         self.last_progress = self.started
@@ -130,9 +132,16 @@ class Recorder:
                 settle()
             self.writer.drain()
         except Exception as e:  # noqa: BLE001 - capture must never break the user's run
-            self.diagnose(None, e)
-        if not self.writer.background:
+            self._write_failed(e)
+        if not self.writer.background or self.write_error is not None:
             self.before_write = None
+
+    def _write_failed(self, e: BaseException) -> None:
+        """The writer thread failed (disk full …): said once; later tensors are kept as summaries only,
+        and closing the bundle raises the error."""
+        if self.write_error is None:
+            self.write_error = f"{type(e).__name__}: {e}"
+            self.diagnose(None, f"writing tensors failed ({self.write_error}); later tensors were not stored")
 
     # -- keys and filters -------------------------------------------------------------------
     @property
@@ -243,13 +252,20 @@ class Recorder:
             if hit is not None and hit[0] == self.stats.epoch and hit[2] == slot and slot is not None:
                 return hit[1]
         nbytes = data.numel() * data.element_size()
+        if self.write_error is not None:
+            self.skipped["(tensor writes failed)"] += 1
+            return None
         if self.opts.max_bytes is not None and self.tensor_bytes + nbytes > self.opts.max_bytes:
             self.skipped["(over byte budget)"] += 1
             return None
         self.tensor_bytes += nbytes
         if self.write_through(data):  # the file write is the copy: no clone, no buffer
             host = data.contiguous()
-            self.writer.add(rec_id, payload.tag, tuple(host.shape), host.reshape(-1).numpy().data)
+            try:
+                self.writer.add(rec_id, payload.tag, tuple(host.shape), host.reshape(-1).numpy().data)
+            except WriteFailed as e:  # the thread's earlier failure, not this tensor's
+                self._write_failed(e)
+                return None
         else:
             self.pending.append((rec_id, devices.copy_to_host(data), payload.tag))
             self.pending_bytes += nbytes
@@ -270,10 +286,14 @@ class Recorder:
         if not self.pending:
             return
         devices.synchronize_copies([h for _, h, _ in self.pending])
-        for name, host, tag in self.pending:
-            self.writer.add(name, tag, tuple(host.shape), host.reshape(-1).numpy().data)
-        self.pending.clear()
-        self.pending_bytes = 0
+        try:
+            for name, host, tag in self.pending:
+                self.writer.add(name, tag, tuple(host.shape), host.reshape(-1).numpy().data)
+        except WriteFailed as e:
+            self._write_failed(e)
+        finally:
+            self.pending.clear()
+            self.pending_bytes = 0
 
     # -- progress and finish ----------------------------------------------------------------
     def _progress(self, final: bool = False) -> None:
@@ -288,6 +308,14 @@ class Recorder:
                   file=sys.stderr, end="\n" if final else "\r", flush=True)
 
     def finish(self, run: dict[str, Any], env: dict[str, Any], fingerprints: Fingerprints | None = None) -> Path:
+        """Write the bundle; on any failure nothing is left behind (no partial file, no writer thread)."""
+        try:
+            return self._finish(run, env, fingerprints)
+        except BaseException:
+            self.abort()
+            raise
+
+    def _finish(self, run: dict[str, Any], env: dict[str, Any], fingerprints: Fingerprints | None) -> Path:
         self.closed = True
         self.flush()
         summaries = self.stats.to_host()
@@ -335,7 +363,10 @@ _LIVE: weakref.WeakSet[Recorder] = weakref.WeakSet()
 
 def _silence_in_child() -> None:
     for rec in list(_LIVE):
-        rec._forked_off()
+        try:
+            rec._forked_off()
+        except Exception:  # noqa: BLE001, S110 - the next recorder is silenced all the same
+            pass
 
 
 if hasattr(os, "register_at_fork"):

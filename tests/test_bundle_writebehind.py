@@ -214,3 +214,60 @@ def test_a_child_forked_inside_the_capture_leaves_the_parent_bundle_alone(tmp_pa
     for r in mms:
         assert np.array_equal(b.values(r.tensor).reshape(512, 512), expected.numpy()), r.key  # type: ignore[arg-type]
     assert not b.manifest.diagnostics
+
+
+def test_replay_inputs_of_an_in_place_op_are_stored_before_it_writes(tmp_path: Path) -> None:
+    """``inputs=True`` stores an op's inputs as it is called: for an in-place op they must reach the disk
+    before the op writes into the same memory (the reviewer's case: a zero accumulator stored as ones)."""
+    x = torch.randn(512, 512, generator=torch.Generator().manual_seed(4))
+    w = torch.randn(512, 512, generator=torch.Generator().manual_seed(5))
+    acc = torch.zeros(1000)
+    model = torch.nn.Linear(2, 2)
+    with torch.no_grad(), capture(model, tmp_path / "i.bundle", level="aten", mode="full", inputs=True,
+                                  progress=False):
+        for _ in range(6):
+            x @ w  # 1 MB outputs and 2 MB of inputs each: streaming, below the thread's wake-up
+        acc.add_(1.0)
+    b = Bundle.open(tmp_path / "i.bundle")
+    (add,) = [r for r in b.records if r.op == "aten.add_"]
+    assert add.input_tensors and add.input_tensors[0] is not None
+    assert np.array_equal(b.values(add.input_tensors[0]), np.zeros(1000, np.float32))  # as the op found it
+    assert np.array_equal(b.values(add.tensor), np.ones(1000, np.float32))  # type: ignore[arg-type]
+
+
+def test_record_tensor_is_stored_before_the_callers_unseen_writes(tmp_path: Path) -> None:
+    """``cap.record_tensor`` inside ``paused()``, then a write the mode does not see (a gradient clip)."""
+    model = _WritesItsOutputs()
+    x = torch.randn(512, 512, generator=torch.Generator().manual_seed(6))
+    grad = torch.full((1000,), 2.0)
+    with torch.no_grad(), capture(model, tmp_path / "g.bundle", level="aten", mode="full", progress=False) as cap:
+        model(x)  # streaming
+        with cap.paused():
+            cap.record_tensor("layer", "grad.weight", grad)
+            grad.mul_(0.5)
+    b = Bundle.open(tmp_path / "g.bundle")
+    (g,) = [r for r in b.records if r.op == "grad.weight"]
+    assert np.array_equal(b.values(g.tensor), np.full(1000, 2.0, np.float32))  # type: ignore[arg-type]
+
+
+def test_a_failed_write_fails_the_capture_once_and_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Disk full under the writer thread: the capture's exit raises the error (no bundle could be written),
+    no partial file or thread is left, and the model's run was not interrupted."""
+    def full(fd: int, views: list[memoryview], offset: int) -> int:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "pwritev", full)
+    model = _WritesItsOutputs()
+    x = torch.randn(512, 512, generator=torch.Generator().manual_seed(7))
+    ran = False
+    with pytest.raises(BundleError, match="writing the bundle failed: .*No space left on device"):
+        with torch.no_grad(), capture(model, tmp_path / "e.bundle", level="aten", mode="full", progress=False) as cap:
+            model(x)
+            model(x)
+            ran = True
+            rec = cap._recorder
+            assert rec is not None and rec.write_error is not None
+            assert sum("writing tensors failed" in d.message for d in rec.diagnostics) == 1
+    assert ran
+    assert not list(tmp_path.iterdir())
+    assert _writer_threads() == 0
