@@ -136,16 +136,15 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
     def _settle_weights(self) -> None:
         """Finish the parameter fingerprints (before anything may write into the weights)."""
         job, self._weights = self._weights, None
-        rec = self._recorder
         if job is None:
             return
         try:
             self._prints.parameters = job.result()
         except Exception as e:  # noqa: BLE001 - capture must never break the user's run
             job.notes.append(f"parameter fingerprints: {type(e).__name__}: {e}")
+        assert self._recorder is not None
         for note in job.notes:
-            if rec is not None:
-                rec.diagnose(None, note)
+            self._recorder.diagnose(None, note)
 
     def step(self) -> int:
         """Mark the end of one training/inference step; returns the number of the next step."""
@@ -165,8 +164,7 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
         busy, rec.busy = rec.busy, True
         try:
             with torch._C._DisableTorchDispatch():
-                if rec.before_write is not None:  # the block's writes are not seen by the dispatch mode
-                    rec.before_write()
+                rec.settle_background()  # the block's writes are not seen by the dispatch mode
                 yield
         finally:
             rec.busy = busy
@@ -182,8 +180,7 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
             if rec.wants(module, op):
                 rec.trusted = False  # the caller's names and kind: finish() validates every record
                 rec.record(kind, module, op, key, ordinal, tensor, [tensor])
-                if rec.before_write is not None:  # on disk before the caller's unseen ops (paused
-                    rec.before_write()  # blocks, a gradient clip) write into the tensor
+                rec.settle_background()  # on disk before the caller's unseen ops (a gradient clip) write into it
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if self._mode is not None:

@@ -66,12 +66,12 @@ CHUNK_BYTES = 256 << 10
 assert CHUNK_BYTES % (fused.STATS_BLOCK * 8) == 0
 
 
-def _kernel_print(t: torch.Tensor, data: torch.Tensor, chunk: int = CHUNK_BYTES) -> TensorPrint:
+def _kernel_print(t: torch.Tensor, data: torch.Tensor) -> TensorPrint:
     """The fingerprint of a non-empty contiguous CPU float tensor: its xxh3-128 digest and sum, L2
-    and absmax over its finite values, in one walk of ``chunk``-byte pieces, each hashed (streamed:
-    the digest of the whole) and then summarised by ``accuracy.fused``'s statistics kernel, by
-    address, continuing one head (the numbers a single pass gives, whatever the chunk)."""
-    return _print_from(t, _walk(_KernelInput.of(data), chunk))
+    and absmax over its finite values, in one walk of :data:`CHUNK_BYTES` pieces, each hashed
+    (streamed: the digest of the whole) and then summarised by ``accuracy.fused``'s statistics
+    kernel, by address, continuing one head (the numbers a single pass gives, whatever the chunk)."""
+    return _print_from(t, _walk(_KernelInput.of(data), CHUNK_BYTES))
 
 
 class _KernelInput(NamedTuple):

@@ -84,14 +84,12 @@ class AtenMode(TorchDispatchMode):
                 info = self._learn(func)
             except Exception as e:  # noqa: BLE001 - capture must never break the user's run
                 rec.diagnose(None, e)
-                if rec.before_write is not None:  # it may write in place: background readers finish first
-                    rec.before_write()
+                rec.settle_background()  # it may write in place
                 return func(*args, **kwargs)
         name, skip, mutates, call, lands, _ = info
         if mutates:
             rec.stats.epoch += 1  # earlier statistics no longer describe memory this op writes
-            if rec.before_write is not None:
-                rec.before_write()
+            rec.settle_background()
         if rec.busy or not rec.active:
             return call(*args, **kwargs)
         if skip:  # views, metadata, allocation: counted, nothing else (~40% of a decoder's calls)
@@ -102,8 +100,8 @@ class AtenMode(TorchDispatchMode):
         except Exception as e:  # noqa: BLE001 - capture must never break the user's run
             rec.diagnose(None, e)
             plan = None
-        if mutates and rec.opts.inputs and rec.before_write is not None:
-            rec.before_write()  # the inputs just stored for replay are on disk before the op writes into them
+        if mutates and rec.opts.inputs:
+            rec.settle_background()  # the inputs just stored for replay are on disk before the op writes into them
         out = call(*args, **kwargs)
         if plan is not None:
             rec.record("aten", *plan[:4], landed(out) if lands else out, *plan[4:])
@@ -112,8 +110,7 @@ class AtenMode(TorchDispatchMode):
     def before_unseen_ops(self) -> None:
         """Ops this mode will not see are about to run (a compiled block, see ``hooks.compiled``): the
         recorder's background readers of the model's memory finish first, as before an in-place op."""
-        if self.recorder.before_write is not None:
-            self.recorder.before_write()
+        self.recorder.settle_background()
 
     def _learn(self, func: Any) -> tuple[str, bool, bool, Any, bool, Any]:
         """What every call of this op overload shares: its name, whether it is skipped, whether it

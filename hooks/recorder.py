@@ -100,10 +100,10 @@ class Recorder:
         self.active = opts.steps is None or 0 in opts.steps
         self.closed = False
         self.busy = False  # True while the recorder itself runs torch ops under the dispatch mode
-        # called (when set) before each op that writes in place: work that reads the model's memory in
+        # run by settle_background() when set: work that reads the model's memory in
         # the background (parameter fingerprints, tensor writes) finishes first
         self._settle: Callable[[], None] | None = None
-        self.before_write: Callable[[], None] | None = self._quiesce if self.writer.background else None
+        self._before_write: Callable[[], None] | None = self._quiesce if self.writer.background else None
         self.forked = False  # this is a fork of the capturing process (see _forked_off)
         self.write_error: str | None = None  # the writer thread's failure, once it failed
         _LIVE.add(self)
@@ -121,7 +121,13 @@ class Recorder:
     def wait_before_writes(self, settle: Callable[[], None]) -> None:
         """Have ``settle`` run, once, before the first op that writes in place (or :meth:`_quiesce`)."""
         self._settle = settle
-        self.before_write = self._quiesce
+        self._before_write = self._quiesce
+
+    def settle_background(self) -> None:
+        """Background readers of the model's memory finish now: before ops that write in place or
+        that the capture does not see (a paused block, a compiled block) run."""
+        if self._before_write is not None:
+            self._before_write()
 
     def _quiesce(self) -> None:
         """Before an op writes in place, or ops the capture does not see run: background readers of
@@ -134,7 +140,7 @@ class Recorder:
         except Exception as e:  # noqa: BLE001 - capture must never break the user's run
             self._write_failed(e)
         if not self.writer.background or self.write_error is not None:
-            self.before_write = None
+            self._before_write = None
 
     def _write_failed(self, e: BaseException) -> None:
         """The writer thread failed (disk full …): said once; later tensors are kept as summaries only,
@@ -352,7 +358,7 @@ class Recorder:
         self.forked = True
         self.active = False
         self.closed = True
-        self.before_write = None
+        self._before_write = None
         self._settle = None
         self.writer.forget()
 

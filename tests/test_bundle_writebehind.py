@@ -133,6 +133,15 @@ class _WritesItsOutputs(torch.nn.Module):
         return torch.stack(outs).sum(0)
 
 
+def _assert_matmul_results(b: Bundle, count: int, expected: torch.Tensor) -> None:
+    """The bundle holds ``count`` ``aten.mm`` records, each stored as exactly ``expected``."""
+    mms = [r for r in b.records if r.op == "aten.mm"]
+    assert len(mms) == count
+    for r in mms:
+        assert r.tensor is not None
+        assert np.array_equal(b.values(r.tensor).reshape(expected.shape), expected.numpy()), r.key
+
+
 def test_full_capture_stores_outputs_as_the_op_made_them(tmp_path: Path) -> None:
     """Outputs queued for the writer thread are on disk before the next in-place op runs: the bundle
     holds each matmul's result, not what the model later wrote into the same memory."""
@@ -142,11 +151,7 @@ def test_full_capture_stores_outputs_as_the_op_made_them(tmp_path: Path) -> None
     with torch.no_grad(), capture(model, tmp_path / "c.bundle", level="aten", mode="full", progress=False):
         model(x)
     b = Bundle.open(tmp_path / "c.bundle")
-    mms = [r for r in b.records if r.op == "aten.mm"]
-    assert len(mms) == 12
-    for r in mms:
-        assert r.tensor is not None
-        assert np.array_equal(b.values(r.tensor).reshape(512, 512), expected.numpy()), r.key
+    _assert_matmul_results(b, 12, expected)
     assert not b.manifest.diagnostics
     assert _writer_threads() == 0
 
@@ -165,11 +170,7 @@ def test_ops_the_mode_does_not_see_wait_for_the_writes(tmp_path: Path) -> None:
             for y in ys:
                 y.add_(1.0)
     b = Bundle.open(tmp_path / "u.bundle")
-    mms = [r for r in b.records if r.op == "aten.mm"]
-    assert len(mms) == 10
-    for r in mms:
-        assert r.tensor is not None
-        assert np.array_equal(b.values(r.tensor).reshape(512, 512), expected.numpy()), r.key
+    _assert_matmul_results(b, 10, expected)
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
@@ -209,10 +210,7 @@ def test_a_child_forked_inside_the_capture_leaves_the_parent_bundle_alone(tmp_pa
     if pid == 0:
         os._exit(0)
     b = Bundle.open(path)
-    mms = [r for r in b.records if r.op == "aten.mm"]
-    assert len(mms) == 12
-    for r in mms:
-        assert np.array_equal(b.values(r.tensor).reshape(512, 512), expected.numpy()), r.key  # type: ignore[arg-type]
+    _assert_matmul_results(b, 12, expected)
     assert not b.manifest.diagnostics
 
 
