@@ -16,7 +16,10 @@ ops, ``llama-mid`` ~100 ms, ``llama-tiny`` llama-small's ops on tensors of a few
 ``--clock cpu`` (default) times the process's CPU time, which a busy shared machine disturbs far
 less than wall time (torch runs on ``--threads``, default 1, so the two agree on an idle machine);
 ``--clock wall`` times wall time (each measurement starts after ``os.sync()``: the previous one's
-dirty pages are not written back during it). They part at the ``aten`` level: its weights of 2 MB or more are
+dirty pages are not written back during it). ``--device cuda`` moves the model and its input to the
+GPU and times wall clock with a ``torch.cuda.synchronize()`` at each reading (the forward is
+asynchronous there); the statistics floor is then ``hooks.tensors.device_stats``'s throughput on
+the GPU. CPU and wall clock part at the ``aten`` level: its weights of 2 MB or more are
 fingerprinted on a background thread while the forward runs (``hooks.fingerprints.ParameterPrints``),
 which a spare core takes off the wall time but not off the process's CPU time. Goals (issue 14): llama-small summary <= 1.5x, full <= 2.5x,
 <= 10 us per op; llama-mid summary <= 1.2x, full <= plain + 1.2x a raw write.
@@ -62,6 +65,17 @@ def _captured(clock: Callable[[], float], model: torch.nn.Module, x: torch.Tenso
     return clock() - t, path.stat().st_size
 
 
+def _synchronized_clock(device: str) -> Callable[[], float]:
+    """Wall clock read after the device finished its queued work."""
+    sync = torch.get_device_module(torch.device(device).type).synchronize
+
+    def clock() -> float:
+        sync()
+        return time.perf_counter()
+
+    return clock
+
+
 def _settle_disk() -> None:
     """Untimed, between measurements: the kernel writes back what the last capture and raw write left
     dirty now, not on the spare core while the next measurement runs (where the aten level walks
@@ -83,8 +97,20 @@ def _raw_write(clock: Callable[[], float], path: Path, nbytes: int, chunk: int =
     return clock() - t
 
 
-def _stats_bandwidth(clock: Callable[[], float]) -> float:
-    """Bytes per second the statistics kernel reads from a 64 MB float32 buffer (median of 5)."""
+def _stats_bandwidth(clock: Callable[[], float], device: str = "cpu") -> float:
+    """Bytes per second the statistics kernel reads from a 64 MB float32 buffer (median of 5): the
+    CPU kernel (``accuracy.fused``), or on an accelerator the on-device one (``device_stats``)."""
+    if device != "cpu":
+        from hooks.tensors import device_stats
+
+        y = torch.randn(16 << 20, device=device)
+        device_stats(y)
+        samples = []
+        for _ in range(5):
+            t = clock()
+            device_stats(y)
+            samples.append(clock() - t)
+        return y.numel() * 4 / statistics.median(samples)
     try:
         from accuracy import fused
     except ImportError:  # an opband before the fused kernels (the baseline of a before/after run)
@@ -128,6 +154,7 @@ def main() -> None:
     ap.add_argument("--levels", default="aten", help="comma-separated capture levels (module,api,aten)")
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (0: torch's default)")
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
+    ap.add_argument("--device", default="cpu", help="device of the model and input (cuda: wall clock, synchronized)")
     ap.add_argument("--no-fingerprints", action="store_true", help="capture(fingerprints=False): no weight digests")
     args = ap.parse_args()
     levels = args.levels.split(",")
@@ -135,6 +162,10 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     model, (x,) = models.build(args.model)
+    if args.device != "cpu":
+        model, x = model.to(args.device), x.to(args.device)
+        args.clock = "wall, synchronized"
+        clock = _synchronized_clock(args.device)
     extra: dict[str, object] = {"fingerprints": False} if args.no_fingerprints else {}
     configs = [(level, mode) for level in levels for mode in ("summary", "full")]
     times: dict[object, list[float]] = {c: [] for c in [*configs, "plain"]}
@@ -152,7 +183,7 @@ def main() -> None:
                 model(x)
             ops[level] = cap._recorder.ops_seen
             shape[level] = _summary_shape(d / "count.bundle")
-        bandwidth = _stats_bandwidth(clock)
+        bandwidth = _stats_bandwidth(clock, args.device)
         prints = _fingerprint_time(clock, model)
         for r in range(args.runs):
             plain = _plain(clock, model, x)
@@ -169,7 +200,7 @@ def main() -> None:
                 _settle_disk()
     med = {k: statistics.median(v) for k, v in times.items()}
     goals = GOALS[args.model]
-    print(f"model {args.model}: threads={torch.get_num_threads()} runs={args.runs} clock={args.clock} "
+    print(f"model {args.model} on {args.device}: threads={torch.get_num_threads()} runs={args.runs} clock={args.clock} "
           f"plain forward={med['plain'] * 1e3:.1f} ms (min {min(times['plain']) * 1e3:.1f}); "
           f"statistics kernel {bandwidth / 1e9:.1f} GB/s")
     print("level   mode     median ratio  ratio of medians  goal     bundle")

@@ -1,10 +1,13 @@
 """GPU check (not a test; issue 3 item 13): ``python benchmarks/gpu_check.py [--device cuda] [--out DIR]``.
 
 Captures the demo decoder (``hooks.demo_model:build``, aten level, full mode) on the CPU in fp32
-as the reference, then on DEVICE in fp32 and in bf16, compares each device capture with the CPU
-one (``accuracy.compare``, propagated mode, default budgets) and prints, as Markdown:
+as the reference, then on DEVICE as each target of ``--targets`` (default: fp32, bf16, fp16, the
+FP8 variants on ``torch._scaled_mm`` (real float8 tensor cores on a Hopper GPU) and fp32 with
+each block through ``torch.compile``), compares each device capture with the CPU one
+(``accuracy.compare``, propagated mode, default budgets) and prints, as Markdown:
 - one summary row per target: verdict, counts by verdict, the worst op by normalised L2
-  error, the first divergence;
+  error, the first divergence (a target whose capture raises gets a row with the error, and the
+  script exits 1 after the other targets ran);
 - the worst ops of each target;
 - whether a summary-mode capture on DEVICE ran without one host sync inside the forward
   (``torch.cuda.set_sync_debug_mode("error")`` makes any synchronising call raise): the
@@ -51,6 +54,13 @@ from hooks import capture, demo_model  # noqa: E402
 from hooks.runner import run_capture  # noqa: E402
 
 SPEC = "hooks.demo_model:build"
+#: target name -> run_capture options; "+compile" runs each block through torch.compile
+TARGETS: dict[str, dict[str, Any]] = {
+    "fp32": {"variant": "fp32"}, "bf16": {"variant": "bf16"}, "fp16": {"variant": "fp16"},
+    "fp8-e4m3": {"variant": "fp8-e4m3"}, "fp8-e4m3-rowwise": {"variant": "fp8-e4m3-rowwise"},
+    "fp8-e5m2": {"variant": "fp8-e5m2"}, "fp32+compile": {"variant": "fp32", "compile": True},
+}
+DRY_RUN_TARGETS = "fp32,bf16"
 
 
 def _summary_row(name: str, rep: ComparisonReport) -> str:
@@ -110,9 +120,16 @@ def _device_stats_agree(device: str) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda", help="device of the targets (default cuda; cpu for a dry run)")
+    ap.add_argument("--targets", default=None,
+                    help=f"comma-separated targets of {', '.join(TARGETS)} (default: all on a GPU, "
+                         f"{DRY_RUN_TARGETS} on the CPU)")
     ap.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None,
                     help="folder for bundles and JSON reports (default $OUT, else a temporary folder)")
     args = ap.parse_args()
+    targets = (args.targets or (DRY_RUN_TARGETS if args.device == "cpu" else ",".join(TARGETS))).split(",")
+    unknown = [t for t in targets if t not in TARGETS]
+    if unknown:
+        ap.error(f"--targets: unknown {', '.join(unknown)}; choose from {', '.join(TARGETS)}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("no CUDA device here: run this on the GPU machine, or pass --device cpu for a dry run", file=sys.stderr)
         return 2
@@ -123,12 +140,17 @@ def main() -> int:
     print(f"# opband GPU check: demo decoder, aten/full, CPU fp32 reference vs {args.device} ({name}), "
           f"torch {torch.__version__}\n")
     ref = run_capture(SPEC, out / "ref-fp32-cpu.bundle", device="cpu", variant="fp32", progress=False)
-    rows, details, reports = [], [], {}
-    for variant in ("fp32", "bf16"):
-        tgt = run_capture(SPEC, out / f"tgt-{variant}-{args.device.replace(':', '')}.bundle", device=args.device,
-                          variant=variant, progress=False)
-        rep = compare(ref, tgt)
-        label = f"{variant} on {args.device}"
+    rows, details, reports, failed = [], [], {}, []
+    for target in targets:
+        label = f"{target} on {args.device}"
+        try:
+            tgt = run_capture(SPEC, out / f"tgt-{target.replace('+', '-')}-{args.device.replace(':', '')}.bundle",
+                              device=args.device, progress=False, **TARGETS[target])
+            rep = compare(ref, tgt)
+        except Exception as e:  # noqa: BLE001 - one target's failure is reported, the others still run
+            failed.append(target)
+            rows.append(f"| {label} | ERROR | {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''} | - | - |")
+            continue
         rows.append(_summary_row(label, rep))
         details.append(f"### {label}: worst ops\n\n{R.to_markdown(rep, limit=10)}")
         reports[label] = json.loads(R.to_json(rep))
@@ -142,7 +164,7 @@ def main() -> int:
     print(f"statistics on {args.device}: {agree}")
     (out / "reports.json").write_text(json.dumps(reports))
     print(f"\nbundles and reports in {out}; took {time.monotonic() - started:.1f} s")
-    return 1 if sync.startswith("FAILED") or agree.startswith("FAILED") else 0
+    return 1 if failed or sync.startswith("FAILED") or agree.startswith("FAILED") else 0
 
 
 if __name__ == "__main__":

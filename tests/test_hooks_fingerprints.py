@@ -4,6 +4,7 @@ captured block writes into them."""
 
 from __future__ import annotations
 
+import math
 import threading
 from pathlib import Path
 
@@ -11,8 +12,11 @@ import pytest
 import torch
 
 from accuracy.bundle import Bundle
+from accuracy.fingerprints import REORDER_SLACK_U, print_difference
+from accuracy.manifest import TensorPrint
+from accuracy.metrics import machine_eps
 from hooks import capture
-from hooks.fingerprints import BACKGROUND_CHUNK_BYTES, ParameterPrints, parameter_prints
+from hooks.fingerprints import BACKGROUND_CHUNK_BYTES, ParameterPrints, _device_prints, parameter_prints, tensor_print
 
 
 class _Mixed(torch.nn.Module):
@@ -109,3 +113,65 @@ def test_other_levels_fingerprint_before_the_block(tmp_path: Path, level: str) -
         model.big.weight.data.mul_(3.0)
         model(torch.ones(1, 1024))
     assert _weights_at_start(tmp_path / "m.bundle") == before
+
+
+def _drift_in_u(a: TensorPrint, b: TensorPrint) -> tuple[float, float]:
+    """(L2 drift / (u x L2), sum drift / (u x sqrt(n) x L2)) in float32's u."""
+    u, n = machine_eps("float32"), max(math.prod(a.shape), 1)
+    return abs(a.l2 - b.l2) / (u * a.l2), abs(a.sum - b.sum) / (u * math.sqrt(n) * a.l2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_accelerator_prints_agree_with_the_cpu_kernels_within_summation_order(dtype: torch.dtype) -> None:
+    """An accelerator run's prints (torch float64 reductions, no digest: ``_device_prints``, run here on
+    the same CPU values) against a CPU run's (the statistics kernel's float32 blocks): absmax exact, sum
+    and L2 well inside REORDER_SLACK_U, so an fp32 GPU port of an fp32 model has no parameter finding
+    (the H200 check found every weight flagged when same-dtype prints without a digest had to be equal)."""
+    g = torch.Generator().manual_seed(1)
+    worst = (0.0, 0.0)
+    for n in (7, 4097, 1 << 20):
+        x = torch.randn(n, generator=g, dtype=torch.float64)
+        for values in (0.02 * x, 1 + 0.01 * x, 100 + x, 1e-3 * x):
+            w = values.to(dtype)
+            cpu, device = tensor_print(w), _device_prints([w])[0]
+            assert cpu is not None and device is not None and cpu.digest and not device.digest
+            assert (device.absmax, device.nonfinite) == (cpu.absmax, 0)
+            assert print_difference(cpu, device) is None and print_difference(device, cpu) is None
+            worst = tuple(max(p, q) for p, q in zip(worst, _drift_in_u(cpu, device)))  # type: ignore[assignment]
+    assert worst[0] < REORDER_SLACK_U / 8 and worst[1] < REORDER_SLACK_U / 8, worst
+
+
+def test_accelerator_prints_still_find_a_changed_weight() -> None:
+    """Without a digest a weight that differs is still named: a bf16 round trip kept as float32 (a lossy
+    load), a row of zeros (a shard not loaded), one element off by 5% of the largest, a NaN; the honest
+    copy is not."""
+    w = (torch.randn(256, 512, generator=torch.Generator().manual_seed(2)) * 0.05).to(torch.float32)
+    ref = tensor_print(w)
+    assert ref is not None
+    assert print_difference(ref, _device_prints([w.clone()])[0]) is None  # type: ignore[arg-type]
+    row, nudged, nan = w.clone(), w.clone(), w.clone()
+    row[7] = 0
+    nudged[3, 4] += 0.05 * float(w.abs().max())
+    nan[0, 0] = float("nan")
+    for bad in (w.to(torch.bfloat16).to(torch.float32), row, nudged, nan):
+        assert print_difference(ref, _device_prints([bad])[0]) is not None  # type: ignore[arg-type]
+    fp = _device_prints([nan])[0]
+    assert fp is not None and fp.nonfinite == 1 and math.isfinite(fp.l2)
+
+
+def test_accelerator_prints_batch_every_tensor_into_one_host_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One ``.tolist()`` for all of a device's tensors (each read is a device sync on a GPU), and the
+    same prints as one tensor at a time; NaN ones redone over their finite values, unreadable ones None."""
+    g = torch.Generator().manual_seed(3)
+    ts = [torch.randn(40, 30, generator=g), torch.randn(64, generator=g).to(torch.bfloat16),
+          torch.arange(10), torch.tensor([1.0, float("inf"), -2.0]), torch.empty(0),
+          torch.randn(3, generator=g, dtype=torch.complex64), torch.randn(4).to_sparse()]
+    one_by_one = [_device_prints([t])[0] for t in ts]
+    reads = []
+    real = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: reads.append(self.numel()) or real(self))
+    batched = _device_prints(ts)
+    assert batched == one_by_one and len(reads) == 1 and reads[0] == 3 * 5  # five dense non-empty tensors
+    assert batched[3] is not None and (batched[3].nonfinite, batched[3].sum, batched[3].absmax) == (1, -1.0, 2.0)
+    assert batched[4] is not None and (batched[4].sum, batched[4].l2) == (0.0, 0.0)
+    assert batched[6] is None  # sparse: not fingerprinted
