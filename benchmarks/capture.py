@@ -200,6 +200,8 @@ def main() -> None:
                 _settle_disk()
     med = {k: statistics.median(v) for k, v in times.items()}
     goals = GOALS[args.model]
+    if args.device != "cpu":
+        print(f"on-device statistics: {os.environ.get('OPBAND_DEVICE_STATS') or 'triton (default)'}")
     print(f"model {args.model} on {args.device}: threads={torch.get_num_threads()} runs={args.runs} clock={args.clock} "
           f"plain forward={med['plain'] * 1e3:.1f} ms (min {min(times['plain']) * 1e3:.1f}); "
           f"statistics kernel {bandwidth / 1e9:.1f} GB/s")

@@ -114,7 +114,11 @@ def _device_stats_agree(device: str) -> str:
             exact = name in ("numel", "min", "max", "absmax", "nan", "inf", "zeros")
             if not (a == b if exact else abs(a - b) <= 1e-5 * max(abs(b), 1.0)):
                 problems.append(f"{dtype} {name}: device {a!r}, host {b!r}")
-    return "FAILED: " + "; ".join(problems) if problems else "ok: device and host statistics agree (fp32, bf16, fp16)"
+    from hooks import tensors
+
+    path = "torch ops" if tensors._TRITON_BROKEN or not tensors._use_triton(torch.ones(1, device=device)) else "Triton"
+    return ("FAILED: " + "; ".join(problems) if problems else "ok: device and host statistics agree (fp32, bf16, fp16)") + \
+        f" [device path: {path}{'; Triton failed: ' + tensors._TRITON_BROKEN if tensors._TRITON_BROKEN else ''}]"
 
 
 def main() -> int:

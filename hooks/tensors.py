@@ -7,7 +7,10 @@ qparams, complex tensors as ``view_as_real``; anything else is skipped with a re
 
 from __future__ import annotations
 
+import functools
 import math
+import os
+import warnings
 import weakref
 from typing import Any
 
@@ -431,7 +434,42 @@ def _dense_offsets(x: torch.Tensor) -> torch.Tensor | None:
 
 def device_stats(values: torch.Tensor) -> torch.Tensor:
     """One float row on the device, without host syncs: numel, min, max, mean, std, l2, absmax,
-    nan, inf, zeros (over finite values; NaN/Inf counted), then a padded sample."""
+    nan, inf, zeros (over finite values; NaN/Inf counted), then a padded sample.
+
+    float32/16/bf16 CUDA tensors take two Triton kernels (:mod:`hooks.triton_stats`); the rest, or
+    all with ``OPBAND_DEVICE_STATS=torch``, about 25 torch ops (:func:`torch_device_stats`)."""
+    if values.numel() and _use_triton(values):
+        try:
+            return _triton_stats().stats_row(values, _sample_index(values.numel(), values.device), SAMPLE_SIZE)
+        except Exception as e:  # noqa: BLE001 - a Triton that cannot compile here: the torch path, said once
+            global _TRITON_BROKEN
+            _TRITON_BROKEN = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+            warnings.warn(f"opband: on-device statistics fall back to torch ops (slower): Triton failed "
+                          f"({_TRITON_BROKEN})", RuntimeWarning, stacklevel=2)
+    return torch_device_stats(values)
+
+
+_TRITON_BROKEN: str | None = None
+
+
+def _use_triton(values: torch.Tensor) -> bool:
+    if _TRITON_BROKEN is not None or os.environ.get("OPBAND_DEVICE_STATS") == "torch":
+        return False
+    if values.is_cpu and os.environ.get("TRITON_INTERPRET") != "1":
+        return False
+    return _triton_stats().usable_for(values)
+
+
+@functools.cache
+def _triton_stats() -> Any:
+    """:mod:`hooks.triton_stats`, imported at the first accelerator tensor (Triton takes ~1 s to import)."""
+    from hooks import triton_stats
+
+    return triton_stats
+
+
+def torch_device_stats(values: torch.Tensor) -> torch.Tensor:
+    """:func:`device_stats` as torch ops: any dtype and device, ~25 kernel launches."""
     x = values.reshape(-1)
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     x = x.to(acc)

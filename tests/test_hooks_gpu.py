@@ -37,3 +37,19 @@ def test_full_capture_on_gpu_matches_cpu_values(tmp_path: Path) -> None:
         out = model(ids.cuda())
     b = Bundle.open(cap.bundle_path)
     torch.testing.assert_close(torch.from_numpy(b.values(b.record("/forward#0").tensor).copy()), out.cpu())
+
+
+def test_device_stats_on_cuda_match_float64_formulas() -> None:
+    """The Triton kernels compiled for the GPU (``hooks.triton_stats``; CI runs them interpreted) and the
+    torch-ops path for the other dtypes: the float64 definitions on every case of the CPU tests."""
+    from test_hooks_stats import CASES, _check, reference
+
+    from hooks import tensors
+
+    for name, x in CASES:
+        if x.dtype == torch.bool:
+            continue
+        got = tensors._row_dict(tensors.device_stats(x.cuda()).tolist())
+        _check(got, reference(x), name, 2e-5 if x.dtype != torch.float64 else 1e-12,
+               sums=name not in ("huge", "huge-nan", "finfo-min-mask"))  # float32 rows cannot hold their L2
+    assert tensors._TRITON_BROKEN is None, tensors._TRITON_BROKEN

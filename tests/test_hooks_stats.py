@@ -264,3 +264,40 @@ def test_weight_prints_walk_chunks_to_the_one_pass_numbers(dtype: torch.dtype) -
     rtol = 1e-12 if dtype == torch.float64 else 2e-6
     assert fp.l2 == pytest.approx(float(fin.norm()), rel=rtol)
     assert fp.sum == pytest.approx(float(fin.sum()), rel=rtol, abs=rtol * float(fin.abs().sum()))
+
+
+_TRITON_CASES = """
+import math, sys, torch
+sys.path.insert(0, sys.argv[1])
+import test_hooks_stats as T
+from hooks import tensors
+from hooks.tensors import _row_dict, device_stats
+
+def torch_path(values):
+    raise AssertionError("device_stats left the Triton kernels for the torch ops")
+
+tensors.torch_device_stats = torch_path
+names = sys.argv[2].split(",")
+g = torch.Generator().manual_seed(5)
+cases = [c for c in T.CASES if c[0] in names] + [("tiles-of-two", torch.randn(1_100_001, generator=g) * 3 + 1)]
+for name, x in cases:
+    for dt in (torch.float32, torch.bfloat16, torch.float16):
+        v = x.to(dt)
+        T._check(_row_dict(device_stats(v).tolist()), T.reference(v), f"{name} {dt}", 2e-5)
+print("ok", len(cases))
+"""
+
+
+def test_triton_kernels_match_float64_formulas() -> None:
+    """The CUDA path's two Triton kernels (``hooks.triton_stats``) under ``TRITON_INTERPRET=1``, here on
+    CPU tensors (CI has no GPU; the H200 check runs them compiled): the same row as the float64
+    definitions for float32/bf16/fp16, NaN/Inf, zero-heavy, permuted and multi-program (> 1M) tensors,
+    and never the torch-ops fallback."""
+    names = ["randn", "one", "scalar", "transposed", "strided", "permuted-4d", "expanded", "offset-mean", "constant",
+             "zeros", "signed-zeros", "relu", "nan-inf", "all-nan", "all-inf", "neg-inf-zero", "masked-scores",
+             "softmax-masked", "zero-heavy", "late-inf"]
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
+    done = subprocess.run([sys.executable, "-c", _TRITON_CASES, str(root / "tests"), ",".join(names)], env=env,
+                          cwd=root, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0 and done.stdout.strip() == f"ok {len(names) + 1}", done.stderr[-3000:]
