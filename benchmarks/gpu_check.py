@@ -7,7 +7,8 @@ each block through ``torch.compile``), compares each device capture with the CPU
 (``accuracy.compare``, propagated mode, default budgets) and prints, as Markdown:
 - one summary row per target: verdict, counts by verdict, the worst op by normalised L2
   error, the first divergence (a target whose capture raises gets a row with the error, and the
-  script exits 1 after the other targets ran);
+  script exits 1 after the other targets ran; a variant the device's kernels refuse, such as
+  fp8-e5m2 x fp8-e5m2 in cuBLASLt, gets a row with the kernel's reason);
 - the worst ops of each target;
 - whether a summary-mode capture on DEVICE ran without one host sync inside the forward
   (``torch.cuda.set_sync_debug_mode("error")`` makes any synchronising call raise): the
@@ -52,6 +53,7 @@ from accuracy import report as R  # noqa: E402
 from accuracy.compare import ComparisonReport, compare  # noqa: E402
 from hooks import capture, demo_model  # noqa: E402
 from hooks.runner import run_capture  # noqa: E402
+from hooks.variants import VariantCoverageError  # noqa: E402
 
 SPEC = "hooks.demo_model:build"
 #: target name -> run_capture options; "+compile" runs each block through torch.compile
@@ -151,6 +153,10 @@ def main() -> int:
             tgt = run_capture(SPEC, out / f"tgt-{target.replace('+', '-')}-{args.device.replace(':', '')}.bundle",
                               device=args.device, progress=False, **TARGETS[target])
             rep = compare(ref, tgt)
+        except VariantCoverageError as e:  # the device's kernel refuses the variant: its reason, not opband's failure
+            why = next((line.strip() for line in str(e).splitlines() if "refused it" in line), str(e).splitlines()[0])
+            rows.append(f"| {label} | refused by the device | {why[:300]} | - | - |")
+            continue
         except Exception as e:  # noqa: BLE001 - one target's failure is reported, the others still run
             failed.append(target)
             rows.append(f"| {label} | ERROR | {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''} | - | - |")
