@@ -155,6 +155,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (0: torch's default)")
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
     ap.add_argument("--device", default="cpu", help="device of the model and input (cuda: wall clock, synchronized)")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="then profile N summary captures of the first level (cProfile, top 20 by own time)")
     ap.add_argument("--no-fingerprints", action="store_true", help="capture(fingerprints=False): no weight digests")
     args = ap.parse_args()
     levels = args.levels.split(",")
@@ -228,6 +230,24 @@ def main() -> None:
         rw = statistics.median(raw[level])
         print(f"{level}: full: {nbytes[level] / 1e6:,.0f} MB; capture costs plain + {extra_full / rw:.2f}x a raw "
               f"sequential write of the same bytes ({nbytes[level] / rw / 1e6:,.0f} MB/s raw)")
+    if args.profile:
+        _profile(model, x, levels[0], args.profile, {"fingerprints": False} if args.no_fingerprints else {})
+
+
+def _profile(model: torch.nn.Module, x: torch.Tensor, level: str, rounds: int, extra: dict[str, object]) -> None:
+    """Where a summary capture's time goes: cProfile over ``rounds`` captures, top 20 by own time."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
+        for r in range(rounds):
+            prof.enable()
+            with capture(model, Path(tmp) / f"p{r}.bundle", progress=False, level=level, mode="summary", **extra):
+                model(x)
+            prof.disable()
+    print(f"\nprofile: {rounds} {level}/summary captures, top 20 by own time (tottime s, cumtime s)")
+    pstats.Stats(prof).sort_stats("tottime").print_stats(20)
 
 
 if __name__ == "__main__":

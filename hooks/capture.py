@@ -24,7 +24,7 @@ from accuracy.manifest import Fingerprints, Record
 from hooks import distributed
 from hooks.environment import environment
 from hooks.composites import faithful_composites
-from hooks.fingerprints import ParameterPrints, input_prints, parameter_prints
+from hooks.fingerprints import ParameterPrints, PendingPrints, launch_input_prints, parameter_prints
 from hooks.intrusive import intrusive_ops
 from hooks.modes import ApiMode, AtenMode, ModuleHooks
 from hooks.recorder import Recorder
@@ -84,6 +84,7 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
         self._recorder: Recorder | None = None
         self._prints = Fingerprints()
         self._weights: ParameterPrints | None = None  # parameter fingerprints still being walked
+        self._inputs: PendingPrints | None = None  # the model inputs' prints, taken at its first call
         self._input_hook: Any = None
         self._composites: Any = None
         self._aborted = False
@@ -91,6 +92,7 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
     def __enter__(self) -> capture:
         rec = self._recorder = Recorder(self.path, self.options)
         self._prints = Fingerprints()
+        self._inputs = None
         if self.options.fingerprints:
             self._fingerprint_model(rec)
         self._hooks = ModuleHooks(self.model, rec)
@@ -117,12 +119,12 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
             rec.diagnose(None, f"parameter fingerprints: {type(e).__name__}: {e}")
 
         def first_call(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            if self._prints.inputs or rec.busy:
+            if self._inputs is not None or rec.busy:
                 return
             rec.busy = True  # the fingerprint's own ops are not the model's
             try:
-                with torch._C._DisableTorchDispatch():
-                    self._prints.inputs = input_prints(args, kwargs)
+                with torch._C._DisableTorchDispatch():  # accelerator inputs: read at the end (no sync in the forward)
+                    self._inputs = launch_input_prints(args, kwargs)
             except Exception as e:  # noqa: BLE001
                 rec.diagnose(None, f"input fingerprints: {type(e).__name__}: {e}")
             finally:
@@ -131,6 +133,16 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
         try:
             self._input_hook = self.model.register_forward_pre_hook(first_call, with_kwargs=True)
         except Exception as e:  # noqa: BLE001 - e.g. a scripted module: no input fingerprints, the capture goes on
+            rec.diagnose(None, f"input fingerprints: {type(e).__name__}: {e}")
+
+    def _read_inputs(self, rec: Recorder) -> None:
+        """The model inputs' fingerprints, whose device reductions were queued at its first call."""
+        pending, self._inputs = self._inputs, None
+        if pending is None:
+            return
+        try:
+            self._prints.inputs = pending.read()
+        except Exception as e:  # noqa: BLE001 - capture must never break the user's run
             rec.diagnose(None, f"input fingerprints: {type(e).__name__}: {e}")
 
     def _settle_weights(self) -> None:
@@ -203,6 +215,7 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
             return  # running ends on its own; nothing waits for it)
         try:
             self._settle_weights()
+            self._read_inputs(rec)
             if exc_type is not None:
                 rec.diagnose(None, f"the captured block raised {exc_type.__name__}: {exc}")
             opts = self.options

@@ -69,42 +69,69 @@ def _statistics_print(t: torch.Tensor, data: torch.Tensor, digest: str) -> Tenso
                        absmax=0.0 if empty else float(data.abs().max()), nonfinite=nonfinite)
 
 
-def _device_prints(tensors: list[torch.Tensor]) -> list[TensorPrint | None]:
+def _device_prints(tensors: list[torch.Tensor], masked: bool = False) -> list[TensorPrint | None]:
     """Prints of accelerator tensors without a host copy of their bytes (no digest) and with one host
-    sync per device for all of them: each tensor's float64 sum, L2 and absmax are three reductions
-    left on the device, stacked and read at once (one ``.tolist()``; a sync per weight per statistic
-    cost llama-small's 40 weights on an H200 5.9 ms, 1.1x its forward). A tensor holding NaN/Inf (its
-    L2 is not finite) is redone over its finite values (:func:`_statistics_print`). Works on CPU
-    tensors too (tests compare it with the CPU kernel's prints). None for a tensor torch cannot read."""
-    out: list[TensorPrint | None] = [None] * len(tensors)
-    pending: dict[torch.device, tuple[list[int], list[torch.Tensor]]] = {}
-    with torch.no_grad():
-        for i, t in enumerate(tensors):
-            try:
-                if not _printable(t):
+    sync per device for all of them: each tensor's float64 sum, L2 and absmax are reductions left on
+    the device, stacked and read at once (one ``.tolist()``; a sync per weight per statistic cost
+    llama-small's 40 weights on an H200 5.9 ms, 1.1x its forward). A tensor holding NaN/Inf (its L2
+    is not finite) is redone over its finite values (:func:`_statistics_print`), unless ``masked``
+    (:class:`DevicePrints`). Works on CPU tensors too (tests compare it with the CPU kernel's prints).
+    None for a tensor torch cannot read."""
+    return DevicePrints(tensors, masked).read()
+
+
+class DevicePrints:
+    """:func:`_device_prints` in two steps: the reductions are queued on the device now, :meth:`read`
+    fetches them later (the one host sync). ``masked``: over the finite values from the start, with
+    the NaN/Inf count (two more reductions a tensor), so that :meth:`read` needs nothing of the
+    tensors: the model's inputs are fingerprinted so inside the captured forward pass, which must
+    not sync the device, and read when the capture ends."""
+
+    def __init__(self, tensors: list[torch.Tensor], masked: bool = False) -> None:
+        self._tensors = tensors
+        self._masked = masked
+        self._out: list[TensorPrint | None] = [None] * len(tensors)
+        self._pending: dict[torch.device, tuple[list[int], list[torch.Tensor]]] = {}
+        with torch.no_grad():
+            for i, t in enumerate(tensors):
+                try:
+                    if not _printable(t):
+                        continue
+                    data = _as_real_float(t.detach().resolve_conj().resolve_neg())
+                    if data.numel() == 0:
+                        self._out[i] = _statistics_print(t, data, "")
+                        continue
+                    row = self._reductions(data)
+                except (RuntimeError, TypeError):  # a tensor subclass that cannot be read: not fingerprinted
                     continue
-                data = _as_real_float(t.detach().resolve_conj().resolve_neg())
-                if data.numel() == 0:
-                    out[i] = _statistics_print(t, data, "")
-                    continue
-                row = (torch.sum(data, dtype=torch.float64), torch.linalg.vector_norm(data, dtype=torch.float64),
-                       data.abs().amax().to(torch.float64))
-            except (RuntimeError, TypeError):  # a tensor subclass that cannot be read: not fingerprinted
-                continue
-            idx, rows = pending.setdefault(data.device, ([], []))
-            idx.append(i)
-            rows.extend(row)
-        for idx, rows in pending.values():
-            values = torch.stack(rows).tolist()
-            for k, i in enumerate(idx):
-                total, l2, absmax = values[3 * k:3 * k + 3]
-                t = tensors[i]
-                if math.isfinite(l2):
-                    out[i] = TensorPrint(shape=list(t.shape), dtype=tensor_dtype_name(t), digest="", sum=total,
-                                         l2=l2, absmax=absmax)
-                else:
-                    out[i] = _statistics_print(t, _as_real_float(t.detach().resolve_conj().resolve_neg()), "")
-    return out
+                idx, rows = self._pending.setdefault(data.device, ([], []))
+                idx.append(i)
+                rows.extend(row)
+
+    def _reductions(self, data: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self._masked:
+            finite = torch.isfinite(data)
+            data = torch.where(finite, data, 0)
+        row = (torch.sum(data, dtype=torch.float64), torch.linalg.vector_norm(data, dtype=torch.float64),
+               data.abs().amax().to(torch.float64))
+        return (*row, finite.logical_not().sum().to(torch.float64)) if self._masked else row
+
+    def read(self) -> list[TensorPrint | None]:
+        """The prints, in the tensors' order (one host read per device)."""
+        width = 4 if self._masked else 3
+        with torch.no_grad():
+            for idx, rows in self._pending.values():
+                values = torch.stack(rows).tolist()
+                for k, i in enumerate(idx):
+                    total, l2, absmax, *nonfinite = values[width * k:width * k + width]
+                    t = self._tensors[i]
+                    if self._masked or math.isfinite(l2):
+                        self._out[i] = TensorPrint(shape=list(t.shape), dtype=tensor_dtype_name(t), digest="", sum=total,
+                                                   l2=l2, absmax=absmax, nonfinite=int(nonfinite[0]) if nonfinite else 0)
+                    else:
+                        self._out[i] = _statistics_print(t, _as_real_float(t.detach().resolve_conj().resolve_neg()), "")
+            self._pending = {}
+        return self._out
 
 
 #: Bytes hashed and then summarised at a time: the statistics read them back from the core's cache,
@@ -161,10 +188,15 @@ def _print_from(t: torch.Tensor, walked: tuple[str, np.ndarray]) -> TensorPrint:
 
 def input_prints(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, TensorPrint]:
     """Fingerprints of every tensor among a call's arguments, named ``arg0``, ``input_ids``, ``x[1]`` …"""
+    return launch_input_prints(args, kwargs).read()
+
+
+def launch_input_prints(args: tuple[Any, ...], kwargs: dict[str, Any]) -> PendingPrints:
+    """:func:`input_prints` without a device sync now: accelerator inputs' reductions are queued
+    (:class:`DevicePrints`, masked) and :meth:`PendingPrints.read` fetches them."""
     leaves, _ = tree_flatten_with_path((args, kwargs))
     with torch.no_grad():
-        prints = _prints_of([(_name(path), leaf) for path, leaf in leaves if isinstance(leaf, torch.Tensor)])
-    return {name: fp for name, fp in prints.items() if fp is not None}
+        return _prints_of([(_name(path), leaf) for path, leaf in leaves if isinstance(leaf, torch.Tensor)], masked=True)
 
 
 def _name(path: tuple[Any, ...]) -> str:
@@ -180,12 +212,25 @@ def _name(path: tuple[Any, ...]) -> str:
 def parameter_prints(model: torch.nn.Module) -> dict[str, TensorPrint]:
     """Fingerprints of the model's parameters and buffers, by their dotted names."""
     with torch.no_grad():
-        prints = _prints_of(_parameters_and_buffers(model))
-    return {name: fp for name, fp in prints.items() if fp is not None}
+        return _prints_of(_parameters_and_buffers(model)).read()
 
 
-def _prints_of(named: list[tuple[str, torch.Tensor]]) -> dict[str, TensorPrint | None]:
-    """Prints by name, in ``named``'s order: CPU tensors one by one, accelerator ones batched (:func:`_device_prints`)."""
+class PendingPrints:
+    """Prints by name whose accelerator part is still on the device until :meth:`read`."""
+
+    def __init__(self, prints: dict[str, TensorPrint | None], names: list[str], on_device: DevicePrints) -> None:
+        self._prints, self._names, self._on_device = prints, names, on_device
+
+    def read(self) -> dict[str, TensorPrint]:
+        """Every fingerprint by name, in the order given (the tensors that could not be read left out)."""
+        for name, fp in zip(self._names, self._on_device.read()):
+            self._prints[name] = fp
+        return {name: fp for name, fp in self._prints.items() if fp is not None}
+
+
+def _prints_of(named: list[tuple[str, torch.Tensor]], masked: bool = False) -> PendingPrints:
+    """Prints by name, in ``named``'s order: CPU tensors one by one now, accelerator ones batched
+    (:class:`DevicePrints`) and read by :meth:`PendingPrints.read`."""
     out: dict[str, TensorPrint | None] = {}
     on_device: list[tuple[str, torch.Tensor]] = []
     for name, t in named:
@@ -194,9 +239,7 @@ def _prints_of(named: list[tuple[str, torch.Tensor]]) -> dict[str, TensorPrint |
             on_device.append((name, t))
         else:
             out[name] = _guarded_print(t)
-    for (name, _), fp in zip(on_device, _device_prints([t for _, t in on_device])):
-        out[name] = fp
-    return out
+    return PendingPrints(out, [n for n, _ in on_device], DevicePrints([t for _, t in on_device], masked))
 
 
 def _on_accelerator(t: torch.Tensor) -> bool:
@@ -252,7 +295,7 @@ class ParameterPrints:
                     now.append((name, t))
                 else:
                     self._later.append((name, t, *later))
-            self._prints.update(_prints_of(now))
+            self._prints.update(_prints_of(now).read())
         self._thread: threading.Thread | None = None
         if self._later:
             self._thread = threading.Thread(target=self._run, name="opband-fingerprints", daemon=True)

@@ -16,7 +16,8 @@ from accuracy.fingerprints import REORDER_SLACK_U, print_difference
 from accuracy.manifest import TensorPrint
 from accuracy.metrics import machine_eps
 from hooks import capture
-from hooks.fingerprints import BACKGROUND_CHUNK_BYTES, ParameterPrints, _device_prints, parameter_prints, tensor_print
+from hooks.fingerprints import (BACKGROUND_CHUNK_BYTES, DevicePrints, ParameterPrints, _device_prints, parameter_prints,
+                               tensor_print)
 
 
 class _Mixed(torch.nn.Module):
@@ -175,3 +176,16 @@ def test_accelerator_prints_batch_every_tensor_into_one_host_read(monkeypatch: p
     assert batched[3] is not None and (batched[3].nonfinite, batched[3].sum, batched[3].absmax) == (1, -1.0, 2.0)
     assert batched[4] is not None and (batched[4].sum, batched[4].l2) == (0.0, 0.0)
     assert batched[6] is None  # sparse: not fingerprinted
+
+
+def test_masked_device_prints_are_taken_at_launch_and_read_later() -> None:
+    """The model inputs' prints inside a captured forward (which must not sync an accelerator): queued at
+    the first call, read at the end, and they describe the inputs as they were at the call, NaN/Inf
+    counted, the same prints as the unmasked path."""
+    x = torch.randn(4, 33, generator=torch.Generator().manual_seed(4))
+    x[1, 2], x[3, 0] = float("nan"), float("-inf")
+    want = _device_prints([x.clone()])
+    pending = DevicePrints([x], masked=True)
+    x.fill_(7.0)  # the forward goes on and overwrites its input
+    got = pending.read()
+    assert got == want and got[0] is not None and got[0].nonfinite == 2
