@@ -156,7 +156,8 @@ def main() -> None:
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
     ap.add_argument("--device", default="cpu", help="device of the model and input (cuda: wall clock, synchronized)")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
-                    help="then profile N summary captures of the first level (cProfile, top 20 by own time)")
+                    help="then profile N captures of the first level (cProfile, top 20 by own time)")
+    ap.add_argument("--profile-mode", choices=("summary", "full"), default="summary", help="the mode --profile captures")
     ap.add_argument("--no-fingerprints", action="store_true", help="capture(fingerprints=False): no weight digests")
     args = ap.parse_args()
     levels = args.levels.split(",")
@@ -231,11 +232,13 @@ def main() -> None:
         print(f"{level}: full: {nbytes[level] / 1e6:,.0f} MB; capture costs plain + {extra_full / rw:.2f}x a raw "
               f"sequential write of the same bytes ({nbytes[level] / rw / 1e6:,.0f} MB/s raw)")
     if args.profile:
-        _profile(model, x, levels[0], args.profile, {"fingerprints": False} if args.no_fingerprints else {})
+        _profile(model, x, levels[0], args.profile_mode, args.profile,
+                 {"fingerprints": False} if args.no_fingerprints else {})
 
 
-def _profile(model: torch.nn.Module, x: torch.Tensor, level: str, rounds: int, extra: dict[str, object]) -> None:
-    """Where a summary capture's time goes: cProfile over ``rounds`` captures, top 20 by own time."""
+def _profile(model: torch.nn.Module, x: torch.Tensor, level: str, mode: str, rounds: int,
+             extra: dict[str, object]) -> None:
+    """Where a capture's time goes: cProfile over ``rounds`` captures, top 20 by own time."""
     import cProfile
     import pstats
 
@@ -243,10 +246,10 @@ def _profile(model: torch.nn.Module, x: torch.Tensor, level: str, rounds: int, e
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
         for r in range(rounds):
             prof.enable()
-            with capture(model, Path(tmp) / f"p{r}.bundle", progress=False, level=level, mode="summary", **extra):
+            with capture(model, Path(tmp) / f"p{r}.bundle", progress=False, level=level, mode=mode, **extra):
                 model(x)
             prof.disable()
-    print(f"\nprofile: {rounds} {level}/summary captures, top 20 by own time (tottime s, cumtime s)")
+    print(f"\nprofile: {rounds} {level}/{mode} captures, top 20 by own time (tottime s, cumtime s)")
     pstats.Stats(prof).sort_stats("tottime").print_stats(20)
 
 

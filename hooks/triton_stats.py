@@ -7,10 +7,14 @@ partials (count, mean and centred sum of squares combined by Chan's rule, sum of
 NaN, Inf and zero counts; float32 within a tile except the sum of squares, float64 across), and a one-program kernel merges
 the partials and writes the same row as the torch path: numel, min, max, mean, std, l2, absmax,
 nan, inf, zeros (over the finite values), then the sample at the same cached indices. No host sync.
+A tensor of up to :data:`ONE_PROGRAM_MAX` elements (most of a model's activations) is read by one
+program that writes the row itself: one launch, as Triton's Python launcher (~20 us on the H200's
+host) is most of what a small tensor costs. Integer and bool tensors are read as float32, as the
+torch path converts them.
 
 Triton ships with every CUDA build of torch, so nothing is compiled at install; its JIT compiles
 each kernel once per dtype at first use and caches it on disk. Where Triton is missing, or the
-tensor is not float32/float16/bfloat16 on a CUDA device, ``device_stats`` keeps its torch path.
+tensor is float64, complex or not on a CUDA device, ``device_stats`` keeps its torch path.
 ``TRITON_INTERPRET=1`` runs these kernels on CPU tensors (the tests do).
 """
 
@@ -26,12 +30,19 @@ try:
 except ImportError:  # a CPU-only torch: no Triton, the torch path runs
     triton = None
 
-#: Elements one program reads per tile, and the most programs a tensor is split over.
+#: Elements one program reads per tile, the most programs a tensor is split over, and the largest
+#: tensor read by a single program (one launch; 1 MB of float32 is ~10 us of one SM's bandwidth, less
+#: than a second launch costs the host).
 BLOCK = 2048
 MAX_PROGRAMS = 512
+ONE_PROGRAM_MAX = 1 << 18
 #: Partials per program: count, mean, centred sum of squares, sum of squares, min, max, nan, inf, zeros
 _PARTS = 9
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16, torch.int8,
+          torch.uint8, torch.bool)
+#: Runtime integers a kernel is not recompiled for (Triton specialises ints that are 1 or multiples of
+#: 16); the interpreter cannot loop over an unspecialised bound, so it specialises
+_RUNTIME_INTS = [] if os.environ.get("TRITON_INTERPRET") == "1" else ["n", "tiles", "programs", "picks", "size"]
 
 
 def available() -> bool:
@@ -40,8 +51,8 @@ def available() -> bool:
 
 
 def usable_for(values: torch.Tensor) -> bool:
-    """Whether :func:`stats_row` takes ``values``: a float32/16/bf16 tensor on a CUDA device (or any
-    device under the interpreter)."""
+    """Whether :func:`stats_row` takes ``values``: one of :data:`DTYPES` on a CUDA device (or any device
+    under the interpreter)."""
     if triton is None or values.dtype not in DTYPES:
         return False
     return values.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
@@ -49,9 +60,10 @@ def usable_for(values: torch.Tensor) -> bool:
 
 if triton is not None:
 
-    @triton.jit(do_not_specialize=["n"])
-    def _partials(x_ptr, part_ptr, n, TILES: tl.constexpr, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
-        pid = tl.program_id(0)
+    @triton.jit
+    def _fold(x_ptr, n, first, tiles, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
+        """Partials of tiles ``first .. first + tiles - 1``: float32 within a tile (except the sum of
+        squares: squares of |x| > 1.8e19 overflow float32), float64 across, count/mean/M2 by Chan's rule."""
         cnt = tl.full((), 0.0, tl.float64)
         mean = tl.full((), 0.0, tl.float64)
         m2 = tl.full((), 0.0, tl.float64)
@@ -61,10 +73,10 @@ if triton is not None:
         nans = tl.full((), 0.0, tl.float64)
         infs = tl.full((), 0.0, tl.float64)
         zeros = tl.full((), 0.0, tl.float64)
-        for t in range(0, TILES):
-            offs = (pid.to(tl.int64) * TILES + t) * BLOCK + tl.arange(0, BLOCK)
+        for t in range(0, tiles):
+            offs = (tl.full((), 0, tl.int64) + first + t) * BLOCK + tl.arange(0, BLOCK)  # int64: > 2^31 elements
             inside = offs < n
-            x = tl.load(x_ptr + offs, mask=inside, other=0.0).to(tl.float32)
+            x = tl.load(x_ptr + offs, mask=inside, other=0).to(tl.float32)
             is_nan = x != x
             is_inf = tl.abs(x) == float("inf")
             fin = inside & ~is_nan & ~is_inf
@@ -79,48 +91,24 @@ if triton is not None:
             mean = mean + delta * share
             m2 = m2 + tl.sum(d * d, axis=0).to(tl.float64) + delta * delta * cnt * share
             cnt = total
-            xd = xf.to(tl.float64)  # squares of |x| > 1.8e19 overflow float32; float64 costs nothing here
+            xd = xf.to(tl.float64)
             sq = sq + tl.sum(xd * xd, axis=0)
             lo = tl.minimum(lo, tl.min(tl.where(fin, x, float("inf")), axis=0))
             hi = tl.maximum(hi, tl.max(tl.where(fin, x, float("-inf")), axis=0))
             nans = nans + tl.sum((inside & is_nan).to(tl.float32), axis=0).to(tl.float64)
             infs = infs + tl.sum((inside & is_inf).to(tl.float32), axis=0).to(tl.float64)
             zeros = zeros + tl.sum((inside & (x == 0.0)).to(tl.float32), axis=0).to(tl.float64)
-        base = part_ptr + pid * 9
-        tl.store(base, cnt)
-        tl.store(base + 1, mean)
-        tl.store(base + 2, m2)
-        tl.store(base + 3, sq)
-        tl.store(base + 4, lo.to(tl.float64))
-        tl.store(base + 5, hi.to(tl.float64))
-        tl.store(base + 6, nans)
-        tl.store(base + 7, infs)
-        tl.store(base + 8, zeros)
+        return cnt, mean, m2, sq, lo.to(tl.float64), hi.to(tl.float64), nans, infs, zeros
 
-    @triton.jit(do_not_specialize=["programs", "picks", "size", "n"])
-    def _finish(part_ptr, programs, x_ptr, idx_ptr, picks, row_ptr, size, n,  # type: ignore[no-untyped-def]
-                P: tl.constexpr, SAMPLE: tl.constexpr):
-        p = tl.arange(0, P)
-        live = p < programs
-        at = part_ptr + p * 9
-        c = tl.load(at, mask=live, other=0.0)
-        means = tl.load(at + 1, mask=live, other=0.0)
-        count = tl.sum(c, axis=0)
-        safe = tl.maximum(count, 1.0)
-        mean = tl.sum(c * means, axis=0) / safe
-        spread = means - mean
-        m2 = tl.sum(tl.load(at + 2, mask=live, other=0.0) + c * spread * spread, axis=0)
-        sq = tl.sum(tl.load(at + 3, mask=live, other=0.0), axis=0)
-        lo = tl.min(tl.load(at + 4, mask=live, other=float("inf")), axis=0)
-        hi = tl.max(tl.load(at + 5, mask=live, other=float("-inf")), axis=0)
-        nans = tl.sum(tl.load(at + 6, mask=live, other=0.0), axis=0)
-        infs = tl.sum(tl.load(at + 7, mask=live, other=0.0), axis=0)
-        zeros = tl.sum(tl.load(at + 8, mask=live, other=0.0), axis=0)
+    @triton.jit
+    def _write_row(row_ptr, x_ptr, idx_ptr, picks, size, n, count, mean, m2, sq, lo, hi, nans, infs,  # type: ignore[no-untyped-def]
+                   zeros, SAMPLE: tl.constexpr):
+        """The row: numel, min, max, mean, std, l2, absmax, nan, inf, zeros, then the sample (zero-padded)."""
         tl.store(row_ptr, n.to(tl.float32))
         tl.store(row_ptr + 1, lo.to(tl.float32))
         tl.store(row_ptr + 2, hi.to(tl.float32))
         tl.store(row_ptr + 3, mean.to(tl.float32))
-        tl.store(row_ptr + 4, tl.sqrt(m2 / safe).to(tl.float32))
+        tl.store(row_ptr + 4, tl.sqrt(m2 / tl.maximum(count, 1.0)).to(tl.float32))
         tl.store(row_ptr + 5, tl.sqrt(sq).to(tl.float32))
         tl.store(row_ptr + 6, tl.maximum(-lo, hi).to(tl.float32))
         tl.store(row_ptr + 7, nans.to(tl.float32))
@@ -129,24 +117,70 @@ if triton is not None:
         s = tl.arange(0, SAMPLE)
         taken = s < picks
         where = tl.load(idx_ptr + s, mask=taken, other=0)
-        sample = tl.load(x_ptr + where, mask=taken, other=0.0).to(tl.float32)
+        sample = tl.load(x_ptr + where, mask=taken, other=0).to(tl.float32)
         tl.store(row_ptr + 10 + s, sample, mask=s < size)
+
+    @triton.jit(do_not_specialize=_RUNTIME_INTS)
+    def _one_program(x_ptr, idx_ptr, picks, row_ptr, size, n, tiles,  # type: ignore[no-untyped-def]
+                     BLOCK: tl.constexpr, SAMPLE: tl.constexpr):
+        cnt, mean, m2, sq, lo, hi, nans, infs, zeros = _fold(x_ptr, n, 0, tiles, BLOCK)
+        _write_row(row_ptr, x_ptr, idx_ptr, picks, size, n, cnt, mean, m2, sq, lo, hi, nans, infs, zeros, SAMPLE)
+
+    @triton.jit(do_not_specialize=_RUNTIME_INTS)
+    def _partials(x_ptr, part_ptr, n, tiles, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
+        pid = tl.program_id(0)
+        cnt, mean, m2, sq, lo, hi, nans, infs, zeros = _fold(x_ptr, n, pid * tiles, tiles, BLOCK)
+        base = part_ptr + pid * 9
+        tl.store(base, cnt)
+        tl.store(base + 1, mean)
+        tl.store(base + 2, m2)
+        tl.store(base + 3, sq)
+        tl.store(base + 4, lo)
+        tl.store(base + 5, hi)
+        tl.store(base + 6, nans)
+        tl.store(base + 7, infs)
+        tl.store(base + 8, zeros)
+
+    @triton.jit(do_not_specialize=_RUNTIME_INTS)
+    def _merge(part_ptr, programs, x_ptr, idx_ptr, picks, row_ptr, size, n,  # type: ignore[no-untyped-def]
+               P: tl.constexpr, SAMPLE: tl.constexpr):
+        p = tl.arange(0, P)
+        live = p < programs
+        at = part_ptr + p * 9
+        c = tl.load(at, mask=live, other=0.0)
+        means = tl.load(at + 1, mask=live, other=0.0)
+        count = tl.sum(c, axis=0)
+        mean = tl.sum(c * means, axis=0) / tl.maximum(count, 1.0)
+        spread = means - mean
+        m2 = tl.sum(tl.load(at + 2, mask=live, other=0.0) + c * spread * spread, axis=0)
+        sq = tl.sum(tl.load(at + 3, mask=live, other=0.0), axis=0)
+        lo = tl.min(tl.load(at + 4, mask=live, other=float("inf")), axis=0)
+        hi = tl.max(tl.load(at + 5, mask=live, other=float("-inf")), axis=0)
+        nans = tl.sum(tl.load(at + 6, mask=live, other=0.0), axis=0)
+        infs = tl.sum(tl.load(at + 7, mask=live, other=0.0), axis=0)
+        zeros = tl.sum(tl.load(at + 8, mask=live, other=0.0), axis=0)
+        _write_row(row_ptr, x_ptr, idx_ptr, picks, size, n, count, mean, m2, sq, lo, hi, nans, infs, zeros, SAMPLE)
 
 
 def stats_row(values: torch.Tensor, sample_index: torch.Tensor, sample_size: int) -> torch.Tensor:
-    """``device_stats``'s float32 row of ``values`` (see :func:`usable_for`), from two kernel launches.
+    """``device_stats``'s float32 row of ``values`` (see :func:`usable_for`): one kernel launch up to
+    :data:`ONE_PROGRAM_MAX` elements, two beyond.
 
     ``sample_index``: the cached flat indices of the sample (``min(sample_size, numel)`` of them, int64,
     on the same device); the row is padded with zeros beyond them."""
     x = values.reshape(-1)
     n = x.numel()
+    row = torch.empty(10 + sample_size, dtype=torch.float32, device=x.device)
     tiles_total = triton.cdiv(n, BLOCK)
-    programs = min(tiles_total, MAX_PROGRAMS)
-    tiles = triton.next_power_of_2(triton.cdiv(tiles_total, programs))  # a power of two: few compiled variants
+    sample = triton.next_power_of_2(sample_size)
+    if n <= ONE_PROGRAM_MAX:
+        _one_program[(1,)](x, sample_index, sample_index.numel(), row, sample_size, n, tiles_total,
+                           BLOCK=BLOCK, SAMPLE=sample)
+        return row
+    tiles = triton.cdiv(tiles_total, MAX_PROGRAMS)
     programs = triton.cdiv(tiles_total, tiles)
     part = torch.empty(programs * _PARTS, dtype=torch.float64, device=x.device)
-    row = torch.empty(10 + sample_size, dtype=torch.float32, device=x.device)
-    _partials[(programs,)](x, part, n, TILES=tiles, BLOCK=BLOCK)
-    _finish[(1,)](part, programs, x, sample_index, sample_index.numel(), row, sample_size, n,
-                  P=triton.next_power_of_2(programs), SAMPLE=triton.next_power_of_2(sample_size))
+    _partials[(programs,)](x, part, n, tiles, BLOCK=BLOCK)
+    _merge[(1,)](part, programs, x, sample_index, sample_index.numel(), row, sample_size, n,
+                 P=triton.next_power_of_2(programs), SAMPLE=sample)
     return row

@@ -279,11 +279,10 @@ def torch_path(values):
 tensors.torch_device_stats = torch_path
 names = sys.argv[2].split(",")
 g = torch.Generator().manual_seed(5)
-cases = [c for c in T.CASES if c[0] in names] + [("tiles-of-two", torch.randn(1_100_001, generator=g) * 3 + 1)]
+cases = [c for c in T.CASES if c[0] in names] + [("many-programs", torch.randn(1_100_001, generator=g) * 3 + 1)]
 for name, x in cases:
-    for dt in (torch.float32, torch.bfloat16, torch.float16):
-        v = x.to(dt)
-        T._check(_row_dict(device_stats(v).tolist()), T.reference(v), f"{name} {dt}", 2e-5)
+    for v in [x.to(dt) for dt in (torch.float32, torch.bfloat16, torch.float16)] if x.is_floating_point() else [x]:
+        T._check(_row_dict(device_stats(v).tolist()), T.reference(v), f"{name} {v.dtype}", 2e-5)
 print("ok", len(cases))
 """
 
@@ -291,11 +290,11 @@ print("ok", len(cases))
 def test_triton_kernels_match_float64_formulas() -> None:
     """The CUDA path's two Triton kernels (``hooks.triton_stats``) under ``TRITON_INTERPRET=1``, here on
     CPU tensors (CI has no GPU; the H200 check runs them compiled): the same row as the float64
-    definitions for float32/bf16/fp16, NaN/Inf, zero-heavy, permuted and multi-program (> 1M) tensors,
-    and never the torch-ops fallback."""
+    definitions for float32/bf16/fp16, integer and bool tensors, NaN/Inf, zero-heavy, permuted, one-program
+    and multi-program (> 256K elements) tensors, and never the torch-ops fallback."""
     names = ["randn", "one", "scalar", "transposed", "strided", "permuted-4d", "expanded", "offset-mean", "constant",
              "zeros", "signed-zeros", "relu", "nan-inf", "all-nan", "all-inf", "neg-inf-zero", "masked-scores",
-             "softmax-masked", "zero-heavy", "late-inf"]
+             "softmax-masked", "zero-heavy", "late-inf", "int", "int8", "bool", "permuted-int", "permuted-bool"]
     root = Path(__file__).resolve().parent.parent
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
     done = subprocess.run([sys.executable, "-c", _TRITON_CASES, str(root / "tests"), ",".join(names)], env=env,
