@@ -167,7 +167,15 @@ def stats_row(values: torch.Tensor, sample_index: torch.Tensor, sample_size: int
     :data:`ONE_PROGRAM_MAX` elements, two beyond.
 
     ``sample_index``: the cached flat indices of the sample (``min(sample_size, numel)`` of them, int64,
-    on the same device); the row is padded with zeros beyond them."""
+    on the same device); the row is padded with zeros beyond them. Launched on the current stream of
+    the tensor's device (Triton launches on the current device: a tensor on another GPU switches to it)."""
+    if values.is_cuda and values.device.index != torch.cuda.current_device():
+        with torch.cuda.device(values.device):
+            return _stats_row(values, sample_index, sample_size)
+    return _stats_row(values, sample_index, sample_size)
+
+
+def _stats_row(values: torch.Tensor, sample_index: torch.Tensor, sample_size: int) -> torch.Tensor:
     x = values.reshape(-1)
     n = x.numel()
     row = torch.empty(10 + sample_size, dtype=torch.float32, device=x.device)
