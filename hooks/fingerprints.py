@@ -88,7 +88,8 @@ class DevicePrints:
     not sync the device, and read when the capture ends."""
 
     def __init__(self, tensors: list[torch.Tensor], masked: bool = False) -> None:
-        self._tensors = tensors
+        self._tensors: list[torch.Tensor] | None = None if masked else tensors  # masked: nothing kept alive
+        self._meta = [(list(t.shape), tensor_dtype_name(t)) for t in tensors]
         self._masked = masked
         self._out: list[TensorPrint | None] = [None] * len(tensors)
         self._pending: dict[torch.device, tuple[list[int], list[torch.Tensor]]] = {}
@@ -117,21 +118,43 @@ class DevicePrints:
         return (*row, finite.logical_not().sum().to(torch.float64)) if self._masked else row
 
     def read(self) -> list[TensorPrint | None]:
-        """The prints, in the tensors' order (one host read per device)."""
+        """The prints, in the tensors' order (one host read per device; a tensor whose reductions cannot
+        be read, or redone, is None and the others keep theirs)."""
         width = 4 if self._masked else 3
         with torch.no_grad():
             for idx, rows in self._pending.values():
-                values = torch.stack(rows).tolist()
+                try:
+                    values = torch.stack(rows).tolist()
+                except (RuntimeError, TypeError):  # one unreadable tensor (a subclass): read them one by one
+                    values = [v for k in range(len(idx)) for v in self._read_one(rows[width * k:width * k + width])]
+                assert len(values) == width * len(idx)
                 for k, i in enumerate(idx):
                     total, l2, absmax, *nonfinite = values[width * k:width * k + width]
-                    t = self._tensors[i]
-                    if self._masked or math.isfinite(l2):
-                        self._out[i] = TensorPrint(shape=list(t.shape), dtype=tensor_dtype_name(t), digest="", sum=total,
-                                                   l2=l2, absmax=absmax, nonfinite=int(nonfinite[0]) if nonfinite else 0)
-                    else:
-                        self._out[i] = _statistics_print(t, _as_real_float(t.detach().resolve_conj().resolve_neg()), "")
+                    self._out[i] = self._print(i, total, l2, absmax, nonfinite)
             self._pending = {}
         return self._out
+
+    @staticmethod
+    def _read_one(row: list[torch.Tensor]) -> list[float | None]:
+        try:
+            return torch.stack(row).tolist()
+        except (RuntimeError, TypeError):
+            return [None] * len(row)
+
+    def _print(self, i: int, total: float | None, l2: float | None, absmax: float | None,
+               nonfinite: list[float | None]) -> TensorPrint | None:
+        shape, dtype = self._meta[i]
+        if total is None or l2 is None or absmax is None:  # could not be read (see read)
+            return None
+        if self._masked or math.isfinite(l2):
+            return TensorPrint(shape=shape, dtype=dtype, digest="", sum=total, l2=l2, absmax=absmax,
+                               nonfinite=int(nonfinite[0] or 0) if nonfinite else 0)
+        assert self._tensors is not None
+        t = self._tensors[i]
+        try:
+            return _statistics_print(t, _as_real_float(t.detach().resolve_conj().resolve_neg()), "")
+        except (RuntimeError, TypeError):
+            return None
 
 
 #: Bytes hashed and then summarised at a time: the statistics read them back from the core's cache,

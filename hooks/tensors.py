@@ -436,13 +436,15 @@ def device_stats(values: torch.Tensor) -> torch.Tensor:
     """One float row on the device, without host syncs: numel, min, max, mean, std, l2, absmax,
     nan, inf, zeros (over finite values; NaN/Inf counted), then a padded sample.
 
-    float32/16/bf16 CUDA tensors take two Triton kernels (:mod:`hooks.triton_stats`); the rest, or
-    all with ``OPBAND_DEVICE_STATS=torch``, about 25 torch ops (:func:`torch_device_stats`)."""
-    if values.numel() and _use_triton(values):
+    float32/16/bf16, integer and bool CUDA tensors take Triton (:mod:`hooks.triton_stats`: one launch
+    up to 256K elements, two beyond); float64 and complex ones, or all with
+    ``OPBAND_DEVICE_STATS=torch``, about 25 torch ops (:func:`torch_device_stats`)."""
+    global _TRITON_BROKEN
+    if values.numel() and _TRITON_BROKEN is None:
         try:
-            return _triton_stats().stats_row(values, _sample_index(values.numel(), values.device), SAMPLE_SIZE)
+            if _use_triton(values):
+                return _triton_stats().stats_row(values, _sample_index(values.numel(), values.device), SAMPLE_SIZE)
         except Exception as e:  # noqa: BLE001 - a Triton that cannot compile here: the torch path, said once
-            global _TRITON_BROKEN
             _TRITON_BROKEN = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
             warnings.warn(f"opband: on-device statistics fall back to torch ops (slower): Triton failed "
                           f"({_TRITON_BROKEN})", RuntimeWarning, stacklevel=2)

@@ -27,8 +27,8 @@ import torch
 try:
     import triton
     import triton.language as tl
-except ImportError:  # a CPU-only torch: no Triton, the torch path runs
-    triton = None
+except Exception:  # noqa: BLE001 - a CPU-only torch has none; a broken install: the torch path runs
+    triton = None  # type: ignore[assignment]
 
 #: Elements one program reads per tile, the most programs a tensor is split over, and the largest
 #: tensor read by a single program (one launch; 1 MB of float32 is ~10 us of one SM's bandwidth, less
@@ -177,6 +177,8 @@ def stats_row(values: torch.Tensor, sample_index: torch.Tensor, sample_size: int
 
 def _stats_row(values: torch.Tensor, sample_index: torch.Tensor, sample_size: int) -> torch.Tensor:
     x = values.reshape(-1)
+    if x.numel() > 1 and x.stride(0) != 1:  # a 1-D slice, a column, x[..., ::2], an expand: reshape keeps the view
+        x = x.contiguous()
     n = x.numel()
     row = torch.empty(10 + sample_size, dtype=torch.float32, device=x.device)
     tiles_total = triton.cdiv(n, BLOCK)

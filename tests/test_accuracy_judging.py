@@ -135,6 +135,35 @@ def test_print_difference_is_bitwise_within_a_dtype_and_rounding_aware_across_a_
     assert print_difference(_print(w), _print(w[:32])) == "shape 64x64 vs 32x64"
 
 
+def _on_device(p: TensorPrint, **changes: float) -> TensorPrint:
+    """``p`` as an accelerator run prints it: no digest (and ``changes`` to its statistics)."""
+    return p.model_copy(update={"digest": "", **changes})
+
+
+def test_prints_without_a_digest_allow_summation_order_by_dtype() -> None:
+    """An accelerator print (no digest) against a CPU one: float32 sums may differ in the last digits;
+    integer ones may not (two token ids changed in 4096 is a different input), float64 ones only by
+    float64 rounding; identical prints match even when their L2 overflowed to inf."""
+    ids = np.arange(4096).reshape(8, 512) % 1000
+    moved = ids.copy()
+    moved[0, 3] += 7
+    moved[5, 9] -= 3
+    assert print_difference(_print(ids, "int64"), _on_device(_print(moved, "int64"))) is not None
+    assert print_difference(_print(ids, "int64"), _on_device(_print(ids, "int64"))) is None
+    w = np.random.default_rng(5).standard_normal((256, 256))
+    scaled = w.copy()
+    scaled[7] *= 1.0001
+    f64 = _print(w, "float64")
+    assert print_difference(f64, _on_device(f64, sum=f64.sum + 1e-13, l2=f64.l2 * (1 + 1e-14))) is None
+    assert print_difference(f64, _on_device(_print(scaled, "float64"))) is not None
+    f32 = _print(w.astype(np.float32))
+    assert print_difference(f32, _on_device(f32, sum=f32.sum + 1e-6, l2=f32.l2 * (1 - 1e-7))) is None
+    assert print_difference(f32, _on_device(f32, l2=f32.l2 * (1 - 1e-5))) is not None
+    with np.errstate(over="ignore"):
+        huge = _print(np.array([1e200, -1e200, 3.0]), "float64")
+    assert huge.l2 == float("inf") and print_difference(huge, _on_device(huge)) is None
+
+
 def test_different_inputs_stop_compare_with_a_sentence(tmp_path: Path) -> None:
     ids12, ids16 = np.arange(24).reshape(2, 12), np.arange(32).reshape(2, 16)
     a = Fingerprints(inputs={"input_ids": _print(ids12, "int64")})

@@ -189,3 +189,17 @@ def test_masked_device_prints_are_taken_at_launch_and_read_later() -> None:
     x.fill_(7.0)  # the forward goes on and overwrites its input
     got = pending.read()
     assert got == want and got[0] is not None and got[0].nonfinite == 2
+
+
+def test_an_unreadable_accelerator_tensor_loses_only_its_own_print() -> None:
+    """A tensor whose reductions can be queued but not read (a FakeTensor on "cuda"; subclasses such as
+    DTensor can behave alike) is left out of the prints; the other weights keep theirs."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    m = torch.nn.Module()
+    m.register_buffer("real", torch.randn(4, generator=torch.Generator().manual_seed(6)))
+    with FakeTensorMode():
+        fake = torch.empty(4, device="cuda")
+    m.register_buffer("fake", fake)
+    assert sorted(parameter_prints(m)) == ["real"]
+    assert sorted(ParameterPrints(m).result()) == ["real"]

@@ -49,6 +49,12 @@ def _cases() -> Iterator[tuple[str, torch.Tensor]]:
     yield "strided", torch.randn(40, 40, generator=g)[:, ::3]
     yield "permuted-4d", torch.randn(2, 8, 16, 4, generator=g)[1:].permute(0, 2, 3, 1) * 2  # dense, not contiguous
     yield "expanded", torch.randn(3, 1, generator=g).expand(3, 5)
+    # views whose flat reshape keeps a stride other than 1 (no copy): a kernel reading by address must not
+    # take them as dense
+    yield "slice-1d", torch.randn(40, generator=g)[::3]
+    yield "column", torch.randn(8, 6, generator=g)[:, 0]
+    yield "every-other-last", torch.randn(2, 4, 8, generator=g)[..., ::2]
+    yield "expanded-1d", torch.tensor([2.0]).expand(100)
     yield "permuted-int", torch.arange(24).reshape(2, 3, 4).transpose(0, 2)
     yield "permuted-bool", (torch.randn(6, 5, generator=g) > 0).t()
     yield "offset-mean", torch.rand(300, generator=g) + 1e4  # one-pass variance would cancel
@@ -109,7 +115,13 @@ def test_host_stats_match_float64_formulas(name: str, x: torch.Tensor) -> None:
     _check(_row_dict(host_stats(x)), want, name, rtol)
 
 
-@pytest.mark.parametrize(("name", "x"), CASES[:12] + CASES[16:21], ids=[c[0] for c in CASES[:12] + CASES[16:21]])
+_DEVICE_CASES = [c for c in CASES if c[0] in (
+    "randn", "one", "scalar", "transposed", "strided", "permuted-4d", "expanded", "slice-1d", "column",
+    "every-other-last", "expanded-1d", "permuted-int", "permuted-bool", "offset-mean", "constant", "zeros", "bool",
+    "half", "bf16", "double", "nan-inf")]
+
+
+@pytest.mark.parametrize(("name", "x"), _DEVICE_CASES, ids=[c[0] for c in _DEVICE_CASES])
 def test_device_stats_match_float64_formulas(name: str, x: torch.Tensor) -> None:
     """The accelerator path (run here on CPU) keeps the same definitions."""
     _check(_row_dict(device_stats(x).tolist()), reference(x), name, 2e-5 if x.dtype != torch.float64 else 1e-12)
@@ -294,7 +306,8 @@ def test_triton_kernels_match_float64_formulas() -> None:
     and multi-program (> 256K elements) tensors, and never the torch-ops fallback."""
     names = ["randn", "one", "scalar", "transposed", "strided", "permuted-4d", "expanded", "offset-mean", "constant",
              "zeros", "signed-zeros", "relu", "nan-inf", "all-nan", "all-inf", "neg-inf-zero", "masked-scores",
-             "softmax-masked", "zero-heavy", "late-inf", "int", "int8", "bool", "permuted-int", "permuted-bool"]
+             "softmax-masked", "zero-heavy", "late-inf", "int", "int8", "bool", "permuted-int", "permuted-bool",
+             "slice-1d", "column", "every-other-last", "expanded-1d"]
     root = Path(__file__).resolve().parent.parent
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
     done = subprocess.run([sys.executable, "-c", _TRITON_CASES, str(root / "tests"), ",".join(names)], env=env,
