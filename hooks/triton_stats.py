@@ -51,9 +51,10 @@ def available() -> bool:
 
 
 def usable_for(values: torch.Tensor) -> bool:
-    """Whether :func:`stats_row` takes ``values``: one of :data:`DTYPES` on a CUDA device (or any device
-    under the interpreter)."""
-    if triton is None or values.dtype not in DTYPES:
+    """Whether :func:`stats_row` takes ``values``: a plain tensor (no subclass: a FakeTensor or DTensor has
+    no memory of its own to read) of one of :data:`DTYPES` on a CUDA device (or any device under the
+    interpreter)."""
+    if triton is None or values.dtype not in DTYPES or type(values) not in (torch.Tensor, torch.nn.Parameter):
         return False
     return values.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
 

@@ -313,3 +313,21 @@ def test_triton_kernels_match_float64_formulas() -> None:
     done = subprocess.run([sys.executable, "-c", _TRITON_CASES, str(root / "tests"), ",".join(names)], env=env,
                           cwd=root, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0 and done.stdout.strip() == f"ok {len(names) + 1}", done.stderr[-3000:]
+
+
+def test_triton_takes_plain_tensors_of_its_dtypes_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tensor subclasses (no memory of their own to read by address), float64 and complex tensors keep
+    the torch path (a failure there would switch Triton off for every tensor); CPU tensors take Triton
+    only under the interpreter."""
+    from hooks import triton_stats
+
+    class Tagged(torch.Tensor):
+        pass
+
+    x = torch.randn(8)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert not triton_stats.usable_for(x)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert triton_stats.usable_for(x) and triton_stats.usable_for(torch.nn.Parameter(x))
+    assert triton_stats.usable_for(x.bfloat16()) and triton_stats.usable_for(torch.arange(3))
+    assert not any(triton_stats.usable_for(t) for t in (x.double(), x.to(torch.complex64), x.as_subclass(Tagged)))
