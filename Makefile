@@ -7,7 +7,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.opband-installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test sweep bench lint venv clean serve kernels chromium
+.PHONY: demo test sweep bench lint venv clean serve kernels chromium gpu-wheels
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,16 @@ chromium:
 # inside the first test or the first upload (a cold compile takes about a minute on a 2-core machine)
 kernels: $(STAMP)
 	@$(PY) -c "from accuracy import fused; fused.warm_up(errors=True)"
+
+# for a session lent the GPU: the wheels benchmarks/gpu_session.sh installs there (pydantic and its needs, for
+# the device image's Python 3.12), kept out of git
+gpu-wheels: $(STAMP)
+	@grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >> .git/info/exclude
+	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
+		"pydantic==$$($(PY) -c 'import pydantic; print(pydantic.VERSION)')" \
+		"pydantic-core==$$($(PY) -c 'import pydantic_core; print(pydantic_core.__version__)')" \
+		annotated-types typing-inspection "typing-extensions>=4.16"
 
 test: $(STAMP) chromium kernels
 	$(VENV)/bin/lint-imports --no-cache

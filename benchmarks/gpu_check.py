@@ -19,19 +19,11 @@ Bundles and JSON reports go to ``--out`` (default: ``$OUT`` when set, else a tem
 It takes seconds on a GPU; ``--device cpu`` runs the same steps on the CPU (a dry run).
 
 Only ``hooks/`` and ``accuracy/`` are imported (no service packages). On the lent H200, whose
-image has torch, numpy, scipy, rich and pyyaml but not pydantic, carry pydantic's
-wheels (``/work/.library/device/README.md``): here,
-``echo /.whl/ >> .git/info/exclude`` and ``python3 -m pip download --no-deps --only-binary=:all:
---python-version 3.12 --implementation cp --platform manylinux_2_17_x86_64 --platform
-manylinux2014_x86_64 -d .whl pydantic pydantic-core annotated-types typing-inspection
-typing-extensions`` (2026-12: pydantic 2.14.4 needs typing-extensions >= 4.16, newer than the
-image may hold; about 2.5 MB in all), then
-``run`` with ``carry=[".whl"]`` and the command
-``python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl &&
-PYTHONPATH=/tmp/site:. python3 benchmarks/gpu_check.py --out $OUT && PYTHONPATH=/tmp/site:.
-python3 -m pytest -q --noconftest -p no:cacheprovider tests/test_hooks_gpu.py`` (``--noconftest``:
-the shared test fixtures import the service packages). ``tests/test_gpu_check_script.py`` runs
-the dry run in ``make test``, so the script stays ready for a session that is lent the device.
+image has torch, Triton, numba, numpy and xxhash but not pydantic, run it through
+``benchmarks/gpu_session.sh`` (``make gpu-wheels`` here first; that script says how), which also
+runs the GPU tests and the capture benchmark on CUDA in the same call.
+``tests/test_gpu_check_script.py`` runs the dry run in ``make test``, so the script stays ready for
+a session that is lent the device.
 """
 
 from __future__ import annotations

@@ -36,3 +36,14 @@ def test_without_cuda_the_default_run_says_what_to_do(tmp_path: Path) -> None:
     p = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path)], capture_output=True, text=True,
                        timeout=120, cwd=ROOT)
     assert p.returncode == 2 and "--device cpu" in p.stderr
+
+
+def test_the_device_session_script_parses_and_names_files_that_exist() -> None:
+    """``benchmarks/gpu_session.sh`` (the one device call a GPU session makes) is valid bash and every
+    script and test file it runs is here."""
+    script = ROOT / "benchmarks" / "gpu_session.sh"
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True, timeout=30).returncode == 0
+    text = script.read_text()
+    named = {w for w in text.replace('"', " ").split() if w.startswith(("benchmarks/", "tests/")) and w.endswith(".py")}
+    assert {"benchmarks/gpu_check.py", "benchmarks/capture.py", "tests/test_hooks_gpu.py"} <= named
+    assert all((ROOT / w).is_file() for w in named), sorted(w for w in named if not (ROOT / w).is_file())
