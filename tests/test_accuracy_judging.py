@@ -142,14 +142,20 @@ def _on_device(p: TensorPrint, **changes: float) -> TensorPrint:
 
 def test_prints_without_a_digest_allow_summation_order_by_dtype() -> None:
     """An accelerator print (no digest) against a CPU one: float32 sums may differ in the last digits;
-    integer ones may not (two token ids changed in 4096 is a different input), float64 ones only by
-    float64 rounding; identical prints match even when their L2 overflowed to inf."""
+    float64 and integer ones only by float64 rounding (two token ids changed in 4096, or one by 1 in 1M,
+    is a different input); identical prints match even when their L2 overflowed to inf."""
     ids = np.arange(4096).reshape(8, 512) % 1000
     moved = ids.copy()
     moved[0, 3] += 7
     moved[5, 9] -= 3
     assert print_difference(_print(ids, "int64"), _on_device(_print(moved, "int64"))) is not None
     assert print_difference(_print(ids, "int64"), _on_device(_print(ids, "int64"))) is None
+    many = np.random.default_rng(6).integers(0, 150_000, 1 << 20)  # sum of squares past 2^53: rounds by order
+    one_off = many.copy()
+    one_off[12345] += 1
+    p = _print(many, "int64")
+    assert print_difference(p, _on_device(p, l2=p.l2 * (1 + 2e-16))) is None
+    assert print_difference(p, _on_device(_print(one_off, "int64"))) is not None
     w = np.random.default_rng(5).standard_normal((256, 256))
     scaled = w.copy()
     scaled[7] *= 1.0001
