@@ -455,7 +455,8 @@ _TRITON_BROKEN: str | None = None
 
 
 def _use_triton(values: torch.Tensor) -> bool:
-    if _TRITON_BROKEN is not None or os.environ.get("OPBAND_DEVICE_STATS") == "torch":
+    """Whether ``values`` may take the Triton kernels (callers check ``_TRITON_BROKEN`` first)."""
+    if os.environ.get("OPBAND_DEVICE_STATS") == "torch":
         return False
     if values.is_cpu and os.environ.get("TRITON_INTERPRET") != "1":
         return False

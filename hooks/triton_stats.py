@@ -45,11 +45,6 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32
 _RUNTIME_INTS = [] if os.environ.get("TRITON_INTERPRET") == "1" else ["n", "tiles", "programs", "picks", "size"]
 
 
-def available() -> bool:
-    """Whether Triton can be used here (installed; ``TRITON_INTERPRET=1`` counts, for CPU tensors)."""
-    return triton is not None
-
-
 def usable_for(values: torch.Tensor) -> bool:
     """Whether :func:`stats_row` takes ``values``: a plain tensor (no subclass: a FakeTensor or DTensor has
     no memory of its own to read) of one of :data:`DTYPES` on a CUDA device (or any device under the
