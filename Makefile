@@ -13,10 +13,11 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 
-# torch first, pinned (a CPU wheel on this machine), so the unpinned torch>=2.3 in pyproject adds nothing
-$(STAMP): pyproject.toml | $(PY)
-	$(PIP) install --quiet "$(TORCH)"
-	$(PIP) install --quiet -e ".[test]"
+# torch first, pinned (a CPU wheel on this machine), so the unpinned torch>=2.3 in pyproject adds nothing; then
+# opband without build isolation, so setup.py compiles hooks._observer against that torch (~40 s, once)
+$(STAMP): pyproject.toml setup.py hooks/native/observer.cpp | $(PY)
+	$(PIP) install --quiet "$(TORCH)" "setuptools>=77"
+	$(PIP) install --quiet --no-build-isolation -e ".[test]"
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -497,6 +497,34 @@ _row_bf16 = _row_at(np.uint16)
 _row_f16 = _row_at(np.int16)
 #: ``stats_row_at``'s function per dtype name of the values at the address
 ROW_AT = {"float32": _row_f32, "float64": _row_f64, "bfloat16": _row_bf16, "float16": _row_f16}
+
+def _row_cfunc(dtype: Any) -> Any:
+    """``stats_row_at`` as a C function (numba ``cfunc``): hooks' compiled observer calls it by address,
+    without Python, so its rows are this kernel's rows."""
+    sig = types.void(types.intp, types.intp, types.intp, types.intp, types.float64, types.CPointer(types.float64),
+                     types.intp)
+
+    @numba.cfunc(sig, nopython=True, cache=True)
+    def row_c(addr: int, n: int, idx_addr: int, k: int, cancel: float, out: Any, length: int) -> None:  # pragma: no cover
+        _row(numba.carray(_voidptr(addr), n, dtype), numba.carray(_voidptr(idx_addr), k, np.int64), cancel,
+             numba.carray(out, length))
+
+    return row_c
+
+
+_ROW_CFUNCS: dict[str, Any] = {}
+
+
+def row_cfunc_addresses() -> list[int]:
+    """The C addresses of the statistics row for float32, float64, bfloat16 and float16 (in that
+    order): ``void row(values, n, sample_index, k, cancel, double* out, out_length)``, compiled (or
+    loaded from numba's cache) at the first call."""
+    if not _ROW_CFUNCS:
+        _ROW_CFUNCS.update({"float32": _row_cfunc(np.float32), "float64": _row_cfunc(np.float64),
+                            "bfloat16": _row_cfunc(np.uint16), "float16": _row_cfunc(np.int16)})
+    return [_ROW_CFUNCS[name].address for name in ("float32", "float64", "bfloat16", "float16")]
+
+
 #: ``var <= CANCEL * mean^2``: the one-pass variance has lost most of its digits (~1e4 ulp of the work type)
 CANCEL = {"float32": 1e4 * 2.0**-23, "bfloat16": 1e4 * 2.0**-23, "float16": 1e4 * 2.0**-23, "float64": 1e4 * 2.0**-52}
 

@@ -27,6 +27,7 @@ from hooks.composites import faithful_composites
 from hooks.fingerprints import ParameterPrints, PendingPrints, launch_input_prints, parameter_prints
 from hooks.intrusive import intrusive_ops
 from hooks.modes import ApiMode, AtenMode, ModuleHooks
+from hooks.observer import ObserverMode, why_not
 from hooks.recorder import Recorder
 
 LEVELS = ("module", "api", "aten")
@@ -80,7 +81,8 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
         self.options.validate()
         self.bundle_path: Path | None = None
         self._hooks: ModuleHooks | None = None
-        self._mode: AtenMode | ApiMode | None = None
+        self._mode: AtenMode | ApiMode | ObserverMode | None = None
+        self.engine = ""  # how the aten level saw the ops: "observer" or "dispatch mode" (and why)
         self._recorder: Recorder | None = None
         self._prints = Fingerprints()
         self._weights: ParameterPrints | None = None  # parameter fingerprints still being walked
@@ -100,7 +102,14 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
         if self.options.level == "aten":
             self._composites = faithful_composites()
             self._composites.__enter__()
-            self._mode = AtenMode(rec)
+            reason = why_not(self.options, self.model)
+            if reason is None:
+                self._mode = ObserverMode(rec, list(self._hooks.names.values()))
+                self._hooks.observer = self._mode
+                self.engine = "observer"
+            else:
+                self._mode = AtenMode(rec)
+                self.engine = f"dispatch mode ({reason})"
         elif self.options.level == "api":
             self._mode = ApiMode(rec)
         if self._mode is not None:
@@ -219,7 +228,7 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
             if exc_type is not None:
                 rec.diagnose(None, f"the captured block raised {exc_type.__name__}: {exc}")
             opts = self.options
-            run = {**opts.run, "level": opts.level, "mode": opts.mode,
+            run = {**opts.run, "level": opts.level, "mode": opts.mode, **({"engine": self.engine} if self.engine else {}),
                    "options": _options_note(opts), "intrusive_ops": intrusive_ops(opts.level)}
             if self.distributed is not None:
                 run["distributed"] = self.distributed

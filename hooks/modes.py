@@ -244,6 +244,7 @@ class ModuleHooks:
         self.names = {id(m): n for n, m in model.named_modules()}
         self.handles: list[Any] = []
         self.model = model
+        self.observer: Any = None  # hooks.observer.ObserverMode: told of each module, drained before each record
 
     def install(self) -> None:
         mm = torch.nn.modules.module
@@ -262,6 +263,8 @@ class ModuleHooks:
         name = self.names.get(id(module))
         if name is not None:
             self.rec.stack.append(name)
+            if self.observer is not None:
+                self.observer.sync()
 
     def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         name = self.names.get(id(module))
@@ -272,6 +275,10 @@ class ModuleHooks:
         while stack:  # pop back to this module, even if an inner forward raised earlier
             if stack.pop() == name:
                 break
+        if self.observer is not None:
+            self.observer.drain()  # the module's ops come before its output
+            if not rec.active:
+                self.observer.sync()  # else the busy toggles below tell it the module
         if not rec.active:
             return
         rec.busy = True

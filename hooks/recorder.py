@@ -97,9 +97,11 @@ class Recorder:
         self._share_views = opts.level == "aten" and not opts.inputs
         self._full = opts.mode == "full"
         self.step = 0
-        self.active = opts.steps is None or 0 in opts.steps
+        # told when ``active`` or ``busy`` changes (hooks.observer keeps its compiled state in step)
+        self.on_state: Callable[[], None] | None = None
+        self._active = opts.steps is None or 0 in opts.steps
         self.closed = False
-        self.busy = False  # True while the recorder itself runs torch ops under the dispatch mode
+        self._busy = False  # True while the recorder itself runs torch ops under the dispatch mode
         # run by settle_background() when set: work that reads the model's memory in
         # the background (parameter fingerprints, tensor writes) finishes first
         self._settle: Callable[[], None] | None = None
@@ -116,6 +118,28 @@ class Recorder:
         self._module_globs = list(opts.modules or [])
         self._op_globs = list(opts.ops or [])
         fused.warm_up()  # compile (or load from numba's cache) the statistics kernels now, not in the first op
+
+    @property
+    def active(self) -> bool:
+        """Recording in this step (``CaptureOptions.steps``) and not in a forked child."""
+        return self._active
+
+    @active.setter
+    def active(self, value: bool) -> None:
+        self._active = value
+        if self.on_state is not None:
+            self.on_state()
+
+    @property
+    def busy(self) -> bool:
+        """The recorder (or a paused block) runs torch ops that are not the model's."""
+        return self._busy
+
+    @busy.setter
+    def busy(self, value: bool) -> None:
+        self._busy = value
+        if self.on_state is not None:
+            self.on_state()
 
     # -- background readers of the model's memory -------------------------------------------
     def wait_before_writes(self, settle: Callable[[], None]) -> None:

@@ -12,6 +12,7 @@ import math
 import os
 import warnings
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -233,6 +234,8 @@ class StatsBatch:
         self._at = StorageMap()  # with epochs: storage_key -> (epoch, slot)
         self.epochs = epochs
         self.epoch = 0  # bumped by the dispatch mode on every op that writes in place
+        # with epochs: rows summarised elsewhere (hooks.observer's compiled path), by the tensor
+        self.lookup: Callable[[torch.Tensor], list[float] | None] | None = None
 
     def add(self, values: torch.Tensor, original: torch.Tensor | None = None) -> int | None:
         """Summarise ``values`` (the numbers of ``original``, the live tensor); returns its slot.
@@ -248,6 +251,11 @@ class StatsBatch:
                 hit = self._at.get(where) if where is not None else None
                 if hit is not None and hit[0] == self.epoch and self._unchanged(values, hit[1]):
                     return hit[1]
+                found = self.lookup(t) if self.lookup is not None and where is not None else None
+                if found is not None:
+                    self._rows.append(found)
+                    self._at.put(where, (self.epoch, len(self._rows) - 1), t)
+                    return len(self._rows) - 1
             else:
                 seen = self._version_key(t)
                 prior = self._seen.get(seen[0]) if seen is not None else None

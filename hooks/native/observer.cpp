@@ -1,0 +1,545 @@
+// The aten level's compiled observer (hooks/observer.py): a thread-local at::RecordFunction
+// callback that sees every dispatcher call of the capturing thread, picks the calls a Python
+// TorchDispatchMode would see (the outermost call that is not decomposed by a
+// CompositeImplicitAutograd kernel), and records their outputs' statistics without entering
+// Python. The statistics come from accuracy.fused's numba kernel, called by address (a numba
+// cfunc), so a row is the one the Python path computes. Whatever this file does not handle natively
+// (a tensor subclass, a non-contiguous, quantized, integer or accelerator output, a
+// multi-threaded summary of a large tensor) goes to the Python recorder through `escape`, with the
+// same key; records are drained into the recorder's list in order (hooks/observer.py).
+//
+// Built at install time as hooks._observer (setup.py); nothing compiles at run time.
+
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+#include <ATen/record_function.h>
+#include <torch/csrc/autograd/graph_task.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace {
+
+constexpr int kStatFields = 10;  // hooks.tensors.STAT_FIELDS
+constexpr int kSample = 16;      // hooks.tensors.SAMPLE_SIZE
+constexpr int kRow = kStatFields + kSample;
+
+// accuracy.fused.ROW_CFUNC[dtype]: (values address, n, sample index address, k, cancel, out, out length)
+using RowFn = void (*)(int64_t, int64_t, int64_t, int64_t, double, double*, int64_t);
+
+struct OpInfo {
+  int name = -1;         // index into State::names ("aten.mm", the overload packet)
+  bool observed = false; // a dispatcher op (not a user scope)
+  bool leaf = false;     // the Python mode would see it: not decomposed before the Python key
+  bool skip = false;     // views, metadata, allocation: counted only
+  bool mutates = false;  // writes into existing memory
+  int64_t skipped = 0;   // calls counted as skipped
+  int64_t backward = 0;  // calls seen inside a backward pass (skipped too)
+};
+
+struct Call {  // one recorded op call: what its outputs' records share
+  int module;
+  int name;
+  int64_t ordinal;
+  int64_t step;
+  int64_t first_out;  // index into State::outs
+  std::vector<int64_t> in_dims;   // per input tensor: its number of dimensions
+  std::vector<int64_t> in_sizes;  // the input shapes, concatenated
+  std::vector<int8_t> in_dtypes;
+};
+
+struct Out {  // one output tensor
+  int64_t call;
+  int output;
+  int8_t dtype;
+  bool has_row;
+  std::vector<int64_t> shape;
+  std::array<double, kRow> row;
+};
+
+// Where a summarised output's bytes live, for a module output that aliases it (a Linear's
+// module output is the `_unsafe_view` of its `mm`): the row is reused, as StatsBatch does.
+struct Where {
+  const c10::StorageImpl* storage;
+  int64_t offset;
+  int64_t numel;
+  int8_t dtype;
+  bool operator==(const Where& o) const {
+    return storage == o.storage && offset == o.offset && numel == o.numel && dtype == o.dtype;
+  }
+};
+
+struct WhereHash {
+  size_t operator()(const Where& w) const {
+    return std::hash<const void*>()(w.storage) ^ (std::hash<int64_t>()(w.offset) * 31) ^
+           (std::hash<int64_t>()(w.numel) * 131) ^ static_cast<size_t>(w.dtype);
+  }
+};
+
+struct Seen {
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage;  // keeps the address from being reused while held
+  std::array<double, kRow> row;
+};
+
+struct State {
+  bool installed = false;
+  bool on = false;  // recording: the recorder is active and not busy
+  int module = -1;  // innermost module path (index into the Python list of module names)
+  int64_t step = 0;
+  int64_t epoch = 0;
+  int64_t ops_seen = 0;
+  bool settle_pending = false;
+  bool skip_no_number = true;
+  int max_threads_serial = 1;
+  int64_t parallel_min = 1 << 20;
+  std::unordered_set<std::string> no_number;
+  std::vector<std::string> names;
+  std::unordered_map<std::string, int> name_index;
+  std::unordered_map<const void*, OpInfo> ops;  // by the schema's overload-name address
+  std::unordered_map<uint64_t, int64_t> ordinals;
+  std::vector<Call> calls;
+  std::vector<Out> outs;
+  std::array<RowFn, 4> row_fn{};  // float32, float64, bfloat16, float16
+  std::array<double, 4> cancel{};
+  std::unordered_map<int64_t, at::Tensor> sample_index;
+  std::vector<py::str> module_names;
+  py::object settle;  // called (GIL held) before the first op that writes in place
+  py::object escape;  // the Python recorder's path for an op this file does not summarise
+  at::CallbackHandle handle = 0;
+  int64_t escaped = 0;
+  std::unordered_map<Where, Seen, WhereHash> seen;  // rows since the last in-place write
+};
+
+State* state = nullptr;
+thread_local int leaf_depth = 0;   // > 0 inside a recorded call: its inner calls are the kernel's
+thread_local std::vector<OpInfo*> frames;  // per open call: its op if it is a recorded (leaf) call
+thread_local bool inside = false;  // this file runs torch ops itself (sample indices)
+thread_local std::vector<at::Tensor> call_inputs;  // the open recorded call's tensor inputs (read at its start)
+
+int kernel_slot(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return 0;
+    case at::kDouble: return 1;
+    case at::kBFloat16: return 2;
+    case at::kHalf: return 3;
+    default: return -1;
+  }
+}
+
+bool decomposed_before_python(const c10::OperatorHandle& op) {
+  // OperatorEntry::computeDispatchTableEntry for AutogradCPU: a direct AutogradCPU kernel wins; then
+  // the CompositeImplicitAutograd kernel, unless there is a CPU or CompositeExplicitAutograd kernel
+  // (before a kernel registered to the Autograd alias)
+  using K = c10::DispatchKey;
+  if (!op.hasKernelForDispatchKey(K::CompositeImplicitAutograd) || op.hasKernelForDispatchKey(K::AutogradCPU)) return false;
+  return !(op.hasKernelForDispatchKey(K::CPU) || op.hasKernelForDispatchKey(K::CompositeExplicitAutograd) ||
+           op.hasKernelForDispatchKey(K::CompositeExplicitAutogradNonFunctional));
+}
+
+OpInfo classify(const at::RecordFunction& fn) {
+  OpInfo info;
+  auto schema = fn.operator_schema();
+  if (!schema) return info;
+  info.observed = true;
+  const auto& op_name = schema->operator_name();
+  auto handle = c10::Dispatcher::singleton().findOp(op_name);
+  // autograd kernels written by hand that never call below autograd (VariableTypeManual.cpp): the
+  // dispatch mode never sees these calls
+  static const std::unordered_set<std::string> autograd_only = {
+      "aten::detach_", "aten::requires_grad_", "aten::retain_grad", "aten::retains_grad", "aten::_backward",
+      "aten::set_data", "aten::data", "aten::is_leaf", "aten::output_nr", "aten::_version"};
+  info.leaf = !(handle && decomposed_before_python(*handle)) && autograd_only.count(op_name.name) == 0;
+  std::string name = op_name.name;  // "aten::mm" -> "aten.mm", as str(OpOverload.overloadpacket)
+  auto sep = name.find("::");
+  if (sep != std::string::npos) name.replace(sep, 2, ".");
+  auto it = state->name_index.find(name);
+  if (it == state->name_index.end()) {
+    it = state->name_index.emplace(name, static_cast<int>(state->names.size())).first;
+    state->names.push_back(name);
+  }
+  info.name = it->second;
+  // OpOverload.is_view (MathBitsFallback's rule): aliased arguments that are all read-only
+  int is_write = -1;
+  for (const auto& a : schema->arguments()) {
+    const auto* alias = a.alias_info();
+    if (alias == nullptr) continue;
+    is_write = (is_write == 1 || alias->isWrite()) ? 1 : 0;
+  }
+  bool is_view = is_write == 0;
+  info.skip = state->skip_no_number && (state->no_number.count(name) > 0 || is_view);
+  info.mutates = schema->is_mutable();
+  return info;
+}
+
+OpInfo& info_of(const at::RecordFunction& fn) {
+  const void* key = fn.overload_name();  // each schema owns its overload-name string: one address per op
+  auto it = state->ops.find(key);
+  if (it == state->ops.end()) it = state->ops.emplace(key, classify(fn)).first;
+  return it->second;
+}
+
+const at::Tensor& sample_index(int64_t n) {
+  auto it = state->sample_index.find(n);
+  if (it != state->sample_index.end()) return it->second;
+  if (state->sample_index.size() > 4096) state->sample_index.clear();
+  inside = true;  // the same indices as hooks.tensors._sample_index (torch.linspace in the default dtype)
+  at::Tensor idx = at::linspace(0, static_cast<double>(n - 1), std::min<int64_t>(kSample, n)).round().to(at::kLong);
+  inside = false;
+  return state->sample_index.emplace(n, std::move(idx)).first->second;
+}
+
+// Whether the observer summarises this output itself; else the whole call goes to Python.
+bool native(const at::Tensor& t) {
+  if (!t.defined()) return true;  // an undefined output is None in Python: not recorded
+  if (!t.is_cpu() || t.layout() != at::kStrided || t.is_nested() || t.unsafeGetTensorImpl()->is_python_dispatch())
+    return false;
+  if (t.key_set().has(c10::DispatchKey::FuncTorchGradWrapper) || t.key_set().has(c10::DispatchKey::FuncTorchBatched))
+    return false;
+  if (kernel_slot(t.scalar_type()) < 0 || !t.is_contiguous()) return false;
+  if (t.numel() >= state->parallel_min && at::get_num_threads() > 1) return false;  // the Python path's parallel row
+  return true;
+}
+
+template <typename Values, typename F>
+bool each_tensor(const Values& values, F&& f) {
+  for (const auto& v : values) {
+    if (v.isTensor()) {
+      if (!f(v.toTensor())) return false;
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList().vec())
+        if (!f(t)) return false;
+    } else if (v.isList()) {
+      for (const auto& e : v.toListRef()) {
+        if (e.isTensor() && !f(e.toTensor())) return false;
+      }
+    }
+  }
+  return true;
+}
+
+void summarise(const at::Tensor& t, Out& out) {
+  const int64_t n = t.numel();
+  out.shape.assign(t.sizes().begin(), t.sizes().end());
+  out.dtype = static_cast<int8_t>(t.scalar_type());
+  out.has_row = n > 0;
+  if (n == 0) return;
+  const int slot = kernel_slot(t.scalar_type());
+  const at::Tensor& idx = sample_index(n);
+  state->row_fn[slot](reinterpret_cast<int64_t>(t.const_data_ptr()), n, reinterpret_cast<int64_t>(idx.const_data_ptr()),
+                      idx.numel(), state->cancel[slot], out.row.data(), kRow);
+  if (t.has_storage()) {
+    if (state->seen.size() > 4096) state->seen.clear();
+    const c10::Storage& storage = t.storage();
+    state->seen.insert_or_assign(Where{storage.unsafeGetStorageImpl(), t.storage_offset(), n, out.dtype},
+                                 Seen{c10::weak_intrusive_ptr<c10::StorageImpl>(storage.getWeakStorageImpl()), out.row});
+  }
+}
+
+double element(const at::Tensor& t, int64_t i) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return t.const_data_ptr<float>()[i];
+    case at::kDouble: return t.const_data_ptr<double>()[i];
+    case at::kBFloat16: return static_cast<float>(t.const_data_ptr<c10::BFloat16>()[i]);
+    default: return static_cast<float>(t.const_data_ptr<c10::Half>()[i]);
+  }
+}
+
+// The row of an output summarised since the last in-place write that holds the same elements in
+// the same memory as `t` (any shape), or None. Its sampled elements are read again, as
+// StatsBatch._unchanged does: a guard against writes no dispatcher call made.
+py::object row_of(const at::Tensor& t) {
+  if (state == nullptr || !t.defined() || !t.is_cpu() || !t.has_storage() || !t.is_contiguous() || t.numel() == 0 ||
+      kernel_slot(t.scalar_type()) < 0)
+    return py::none();
+  const c10::Storage& storage = t.storage();
+  const int64_t n = t.numel();
+  auto it = state->seen.find(Where{storage.unsafeGetStorageImpl(), t.storage_offset(), n, static_cast<int8_t>(t.scalar_type())});
+  if (it == state->seen.end()) return py::none();
+  auto held = it->second.storage.lock();
+  if (!held || held.get() != storage.unsafeGetStorageImpl()) return py::none();
+  const auto& row = it->second.row;
+  const at::Tensor& idx = sample_index(n);
+  const int64_t* at = idx.const_data_ptr<int64_t>();
+  for (int64_t j = 0; j < idx.numel(); ++j) {
+    const double now = element(t, at[j]), then = row[kStatFields + j];
+    if (!(now == then || (now != now && then != then))) return py::none();
+  }
+  py::list out(kRow);
+  for (int i = 0; i < kRow; ++i) out[i] = py::float_(row[i]);
+  return out;
+}
+
+py::list as_list(const std::vector<py::object>& items) {
+  py::list l(items.size());
+  for (size_t i = 0; i < items.size(); ++i) l[i] = items[i];
+  return l;
+}
+
+// The whole call to the Python recorder (GIL held by call_python), under the key made here.
+void escape(const at::RecordFunction& fn, const OpInfo& info, int64_t ordinal) {
+  std::vector<py::object> outs, ins;
+  for (const auto& v : fn.outputs()) outs.push_back(torch::jit::toPyObject(v));
+  for (const at::Tensor& t : call_inputs) ins.push_back(py::cast(t));
+  py::object out = outs.size() == 1 ? outs[0] : py::object(py::tuple(as_list(outs)));
+  ++state->escaped;
+  state->escape(state->module, state->names[info.name], ordinal, out, as_list(ins), info.mutates);
+}
+
+// Runs a Python callable with the GIL; its torch ops are not the model's (`inside`), and a Python
+// error never reaches the model's forward (the recorder turns its own failures into diagnostics).
+template <typename F>
+void call_python(F&& f) {
+  inside = true;
+  {
+    py::gil_scoped_acquire gil;
+    try {
+      f();
+    } catch (py::error_already_set& e) {
+      e.discard_as_unraisable(__func__);
+    }
+  }
+  inside = false;
+}
+
+std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
+  // our own ops, inside a recorded call's kernel, or where the Python key is excluded (tensor
+  // construction from data): calls a dispatch mode does not see
+  if (inside || state == nullptr || leaf_depth > 0 ||
+      c10::impl::tls_local_dispatch_key_set().excluded_.has(c10::DispatchKey::Python)) {
+    frames.push_back(nullptr);
+    return nullptr;
+  }
+  OpInfo& info = info_of(fn);
+  if (!info.observed || !info.leaf) {
+    frames.push_back(nullptr);
+    return nullptr;
+  }
+  if (info.mutates) {
+    ++state->epoch;  // earlier statistics no longer describe memory this op writes
+    state->seen.clear();
+    if (state->settle_pending) {  // background readers of the weights finish before the first write
+      state->settle_pending = false;
+      call_python([] { state->settle(); });
+    }
+  }
+  frames.push_back(&info);
+  ++leaf_depth;
+  call_inputs.clear();  // inputs are readable only here, at the call's start
+  if (state->on && !info.skip) {
+    each_tensor(fn.inputs(), [](const at::Tensor& t) {  // a wrapped number is a Python scalar to the mode
+      if (t.defined() && !t.unsafeGetTensorImpl()->is_wrapped_number()) call_inputs.push_back(t);
+      return true;
+    });
+  }
+  return nullptr;
+}
+
+void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
+  if (frames.empty()) return;
+  OpInfo* leaf = frames.back();
+  frames.pop_back();
+  if (leaf == nullptr) return;
+  --leaf_depth;
+  if (state == nullptr || !state->on) return;
+  OpInfo& info = *leaf;
+  if (info.skip) {
+    ++info.skipped;
+    return;
+  }
+  if (torch::autograd::get_current_graph_task_id() != -1) {
+    ++info.backward;
+    return;
+  }
+  const uint64_t okey = (static_cast<uint64_t>(static_cast<uint32_t>(state->module)) << 32) | static_cast<uint32_t>(info.name);
+  const int64_t ordinal = state->ordinals[okey]++;
+  ++state->ops_seen;
+  const auto& outputs = fn.outputs();
+  bool plain_inputs = true;
+  for (const at::Tensor& t : call_inputs) plain_inputs = plain_inputs && !t.is_nested();
+  if (!plain_inputs || !each_tensor(outputs, native)) {
+    call_python([&] { escape(fn, info, ordinal); });
+    call_inputs.clear();
+    return;
+  }
+  Call call{state->module, info.name, ordinal, state->step, static_cast<int64_t>(state->outs.size()), {}, {}, {}};
+  for (const at::Tensor& t : call_inputs) {
+    call.in_dims.push_back(t.dim());
+    call.in_sizes.insert(call.in_sizes.end(), t.sizes().begin(), t.sizes().end());
+    call.in_dtypes.push_back(static_cast<int8_t>(t.scalar_type()));
+  }
+  call_inputs.clear();
+  const int64_t call_index = static_cast<int64_t>(state->calls.size());
+  int out_i = 0;
+  each_tensor(outputs, [&](const at::Tensor& t) {
+    if (!t.defined()) return true;
+    Out& out = state->outs.emplace_back();
+    out.call = call_index;
+    out.output = out_i++;
+    summarise(t, out);
+    return true;
+  });
+  state->calls.push_back(std::move(call));
+}
+
+void start(py::dict opts) {
+  TORCH_CHECK(state == nullptr, "an observer capture is already active in this process");
+  state = new State();
+  state->skip_no_number = opts["skip_no_number_ops"].cast<bool>();
+  for (auto name : opts["no_number_ops"].cast<py::list>()) state->no_number.insert(name.cast<std::string>());
+  auto fns = opts["row_functions"].cast<std::vector<int64_t>>();
+  auto cancel = opts["cancel"].cast<std::vector<double>>();
+  for (int i = 0; i < 4; ++i) {
+    state->row_fn[i] = reinterpret_cast<RowFn>(fns.at(i));
+    state->cancel[i] = cancel.at(i);
+  }
+  state->parallel_min = opts["parallel_min"].cast<int64_t>();
+  state->module_names = opts["module_names"].cast<std::vector<py::str>>();
+  state->settle = opts["settle"];
+  state->escape = opts["escape"];
+  state->settle_pending = true;
+  state->on = true;
+  frames.clear();
+  leaf_depth = 0;
+  state->handle = at::addThreadLocalCallback(at::RecordFunctionCallback(on_enter, on_exit)
+                                                 .needsInputs(true)
+                                                 .needsOutputs(true)
+                                                 .scopes({at::RecordScope::FUNCTION}));
+  state->installed = true;
+}
+
+void stop() {
+  if (state == nullptr) return;
+  if (state->installed) at::removeCallback(state->handle);
+  frames.clear();
+  leaf_depth = 0;
+  delete state;
+  state = nullptr;
+}
+
+void set_state(bool on, int module, int64_t step) {
+  if (state == nullptr) return;
+  state->on = on;
+  state->module = module;
+  state->step = step;
+}
+
+// The records made since the last drain, as Recorder._record_one's dicts (index from `base`).
+py::list drain(int64_t base, py::dict dtype_names) {
+  py::list out;
+  if (state == nullptr) return out;
+  static const std::array<const char*, kStatFields> fields = {"numel", "min", "max", "mean", "std", "l2", "absmax",
+                                                               "nan", "inf", "zeros"};
+  std::vector<py::object> dtype_of(64);
+  auto dtype_name = [&](int8_t code) -> py::object {
+    auto& slot = dtype_of.at(static_cast<size_t>(code));
+    if (!slot) slot = dtype_names[py::int_(code)];
+    return slot;
+  };
+  const py::str aten("aten");
+  py::none none;
+  for (const Out& o : state->outs) {
+    const Call& c = state->calls[static_cast<size_t>(o.call)];
+    py::list shapes(c.in_dims.size()), dtypes(c.in_dims.size());
+    size_t at = 0;
+    for (size_t i = 0; i < c.in_dims.size(); ++i) {
+      py::list shape(static_cast<size_t>(c.in_dims[i]));
+      for (int64_t d = 0; d < c.in_dims[i]; ++d) shape[static_cast<size_t>(d)] = py::int_(c.in_sizes[at++]);
+      shapes[i] = shape;
+      dtypes[i] = dtype_name(c.in_dtypes[i]);
+    }
+    py::list shape(o.shape.size());
+    for (size_t d = 0; d < o.shape.size(); ++d) shape[d] = py::int_(o.shape[d]);
+    py::object stats = none;
+    if (o.has_row) {
+      py::dict s;
+      const auto n = static_cast<int64_t>(o.row[0]);
+      s["numel"] = py::int_(n);
+      for (int f = 1; f < kStatFields; ++f) {
+        if (f >= 7) s[fields[f]] = py::int_(static_cast<int64_t>(o.row[f]));
+        else s[fields[f]] = py::float_(o.row[f]);
+      }
+      const int64_t k = std::min<int64_t>(kSample, n);
+      py::list sample(static_cast<size_t>(k));
+      for (int64_t j = 0; j < k; ++j) sample[static_cast<size_t>(j)] = py::float_(o.row[kStatFields + j]);
+      s["sample"] = sample;
+      stats = s;
+    }
+    const py::str& module = c.module >= 0 ? state->module_names.at(static_cast<size_t>(c.module)) : py::str("");
+    const std::string& op = state->names[static_cast<size_t>(c.name)];
+    std::string key = module.cast<std::string>() + "/" + op + "#" + std::to_string(c.ordinal);
+    py::dict r;
+    r["key"] = key;
+    r["output"] = o.output;
+    r["module"] = module;
+    r["op"] = op;
+    r["ordinal"] = c.ordinal;
+    r["kind"] = aten;
+    r["index"] = base++;
+    r["input_shapes"] = shapes;
+    r["input_dtypes"] = dtypes;
+    r["shape"] = shape;
+    r["dtype"] = dtype_name(o.dtype);
+    r["tensor"] = none;
+    r["input_tensors"] = none;
+    r["stats"] = stats;
+    r["qparams"] = none;
+    r["step"] = c.step;
+    r["strides"] = none;
+    r["memory_format"] = none;
+    out.append(r);
+  }
+  state->outs.clear();
+  state->calls.clear();
+  return out;
+}
+
+py::dict counts() {
+  py::dict d;
+  if (state == nullptr) return d;
+  py::dict skipped;
+  for (const auto& [key, info] : state->ops) {
+    if (info.name < 0) continue;
+    const std::string& name = state->names[static_cast<size_t>(info.name)];
+    if (info.skipped) {
+      py::str k(name);
+      skipped[k] = (skipped.contains(k) ? skipped[k].cast<int64_t>() : 0) + info.skipped;
+    }
+    if (info.backward) {
+      py::str k("(backward) " + name);
+      skipped[k] = (skipped.contains(k) ? skipped[k].cast<int64_t>() : 0) + info.backward;
+    }
+  }
+  d["skipped"] = skipped;
+  d["ops_seen"] = state->ops_seen;
+  d["epoch"] = state->epoch;
+  d["escaped"] = state->escaped;
+  return d;
+}
+
+int64_t epoch() { return state == nullptr ? 0 : state->epoch; }
+
+int scalar_type_of(const at::Tensor& t) { return static_cast<int>(t.scalar_type()); }
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "opband's compiled aten-level observer (see hooks/observer.py)";
+  m.def("start", &start, "install the observer on this thread");
+  m.def("stop", &stop, "remove it and forget its state");
+  m.def("set_state", &set_state, "recording on/off, the innermost module, the step");
+  m.def("drain", &drain, "the records made since the last drain, as record dicts");
+  m.def("counts", &counts, "skipped calls per op, ops seen, the write epoch, calls sent to Python");
+  m.def("row_of", &row_of, "the statistics row of an output that holds the same memory, or None");
+  m.def("epoch", &epoch, "ops that wrote in place so far");
+  m.def("scalar_type_of", &scalar_type_of, "a tensor's c10::ScalarType code");
+  m.attr("TORCH_VERSION") = OPBAND_TORCH_VERSION;  // the torch it was built against (setup.py)
+}

@@ -1,0 +1,183 @@
+"""The aten level's compiled path: summary captures on CPU without a Python call per op.
+
+A ``TorchDispatchMode`` costs 12-18 us of Python per dispatched call before it does anything, more
+than a small op itself. ``hooks._observer`` (``hooks/native/observer.cpp``, compiled when the package
+is installed, see ``setup.py``) is a thread-local ``at::RecordFunction`` callback instead: it picks
+the calls the dispatch mode would see (the outermost call that no ``CompositeImplicitAutograd``
+kernel decomposes first), counts views and metadata ops as skipped, numbers each call per module and
+op as the recorder does, and summarises each output with :mod:`accuracy.fused`'s statistics kernel,
+called by address, so a record is the one :class:`~hooks.modes.AtenMode` makes. The module hooks
+stay in Python: they tell the observer the innermost module and drain its records into the
+recorder's list before they add their own, which keeps the execution order. Any call with an output
+the observer does not summarise itself (not a contiguous CPU float tensor, a tensor subclass, a
+large tensor summarised by several threads) goes to the recorder in Python, under the same key.
+
+:func:`why_not` says when a capture cannot take this path; it then uses the dispatch mode, as it
+does for full mode, replay inputs, gradients, filters, accelerators and several ranks. Set
+``OPBAND_OBSERVER=0`` to always use the dispatch mode.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from accuracy import fused
+from hooks.tensors import NO_NUMBER_OPS, SAMPLE_SIZE, STAT_FIELDS
+
+if TYPE_CHECKING:
+    from hooks.capture import CaptureOptions
+    from hooks.recorder import Recorder
+
+try:
+    from hooks import _observer
+except ImportError as e:  # not built (no compiler at install time, or an isolated build without torch)
+    _observer = None
+    _MISSING = f"hooks._observer is not built ({e}); reinstall with `pip install --no-build-isolation` after torch"
+else:
+    _MISSING = ""
+
+#: the observer capture running in this process (one at a time: its state is process-wide)
+_ACTIVE: list[ObserverMode] = []
+
+_DTYPE_NAMES: dict[int, str] = {}
+
+
+def _dtype_names() -> dict[int, str]:
+    """c10::ScalarType code -> dtype name (``float32``, ``int64`` …), as records name dtypes."""
+    if not _DTYPE_NAMES and _observer is not None:
+        with warnings.catch_warnings():  # quantized dtypes' deprecation notice
+            warnings.simplefilter("ignore")
+            for d in {v for v in vars(torch).values() if isinstance(v, torch.dtype)}:
+                try:
+                    code = _observer.scalar_type_of(torch.empty(0, dtype=d))
+                except (RuntimeError, TypeError):  # dtypes without tensors of their own (bits, sub-byte)
+                    continue
+                _DTYPE_NAMES[code] = str(d).removeprefix("torch.")
+    return _DTYPE_NAMES
+
+
+def why_not(opts: CaptureOptions, model: torch.nn.Module) -> str | None:
+    """Why this capture cannot use the compiled observer, or None when it can."""
+    if os.environ.get("OPBAND_OBSERVER", "1") == "0":
+        return "switched off by OPBAND_OBSERVER=0"
+    if _observer is None:
+        return _MISSING
+    if _observer.TORCH_VERSION != torch.__version__:
+        return f"hooks._observer was built for torch {_observer.TORCH_VERSION}, this is {torch.__version__}: reinstall opband"
+    if opts.level != "aten" or opts.mode != "summary":
+        return "the observer serves summary captures at the aten level"
+    if opts.inputs or opts.backward or opts.modules or opts.ops:
+        return "replay inputs, gradients and module/op filters take the dispatch mode"
+    if _ACTIVE:
+        return "another observer capture is active in this process"
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return "collectives take the dispatch mode"
+    if torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None or \
+            torch._C._len_torch_dispatch_stack() > 0:
+        return "a Python dispatch mode is active"
+    try:
+        on_cpu = all(t.device.type == "cpu" for t in (*model.parameters(), *model.buffers()))
+    except Exception:  # noqa: BLE001 - a model that cannot list its tensors keeps the dispatch mode
+        return "the model's parameters could not be listed"
+    return None if on_cpu else "the observer summarises CPU tensors; accelerator models take the dispatch mode"
+
+
+class ObserverMode:
+    """While entered, the compiled observer records the model's ATen calls into ``recorder``."""
+
+    def __init__(self, recorder: Recorder, module_names: list[str]) -> None:
+        self.rec = recorder
+        self.names = module_names
+        self.index = {name: i for i, name in enumerate(module_names)}
+        self.paused_depth = 0
+        self.escaped = 0
+
+    def __enter__(self) -> ObserverMode:
+        assert _observer is not None
+        rec = self.rec
+        names = ("float32", "float64", "bfloat16", "float16")
+        _observer.start({
+            "skip_no_number_ops": rec.opts.skip_no_number_ops, "no_number_ops": sorted(NO_NUMBER_OPS),
+            "row_functions": fused.row_cfunc_addresses(), "cancel": [fused.CANCEL[n] for n in names],
+            "parallel_min": fused.PARALLEL_MIN, "module_names": self.names,
+            "settle": rec.settle_background, "escape": self._escape,
+        })
+        _ACTIVE.append(self)
+        rec.on_state = self.sync
+        rec.stats.lookup = _observer.row_of  # a module output that aliases an op's output reuses its row
+        self.sync()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        rec = self.rec
+        try:
+            self.drain()
+            counts = _observer.counts() if _observer is not None else {}
+            rec.skipped.update(counts.get("skipped", {}))
+            rec.ops_seen += counts.get("ops_seen", 0)
+            self.escaped = counts.get("escaped", 0)
+        finally:
+            rec.on_state = None
+            rec.stats.lookup = None
+            _ACTIVE.remove(self)
+            if _observer is not None:
+                _observer.stop()
+
+    def sync(self) -> None:
+        """Tell the observer whether to record (active, not busy, not paused), the innermost module, the step."""
+        rec = self.rec
+        stack = rec.stack
+        module = self.index.get(stack[-1], -1) if stack else -1
+        assert _observer is not None
+        _observer.set_state(rec.active and not rec.busy and not self.paused_depth, module, rec.step)
+
+    def drain(self) -> None:
+        """Move the observer's records into the recorder's list (before the recorder adds one itself)."""
+        assert _observer is not None
+        rec = self.rec
+        batch = _observer.drain(len(rec.records), _dtype_names())
+        if batch:
+            rec.records.extend(batch)
+            rec.stats_of.extend([None] * len(batch))  # the rows are in the records already
+        rec.stats.epoch = _observer.epoch()  # the writes it saw: earlier rows of the same memory are stale
+
+    def _escape(self, module: int, op: str, ordinal: int, out: Any, inputs: list[torch.Tensor], mutated: bool) -> None:
+        """A call whose outputs the observer does not summarise: the recorder's own path, same key."""
+        rec = self.rec
+        self.drain()
+        name = self.names[module] if module >= 0 else ""
+        busy, rec._busy = rec._busy, True  # its torch ops are not the model's (no state sync needed: the observer is inside)
+        try:
+            rec.record("aten", name, op, f"{name}/{op}#{ordinal}", ordinal, out, inputs, None, mutated)
+        finally:
+            rec._busy = busy
+
+    def before_unseen_ops(self) -> None:
+        """Ops the observer must not record are about to run (a compiled block): background readers
+        of the model's memory finish first, as before an in-place op."""
+        self.rec.settle_background()
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Nothing is recorded in this block (``hooks.compiled`` runs compiled code here)."""
+        self.paused_depth += 1
+        self.sync()
+        try:
+            yield
+        finally:
+            self.paused_depth -= 1
+            self.sync()
+
+
+def active() -> ObserverMode | None:
+    """The observer capture running in this process, if any."""
+    return _ACTIVE[-1] if _ACTIVE else None
+
+
+assert len(STAT_FIELDS) == 10 and SAMPLE_SIZE == 16  # observer.cpp's kStatFields and kSample
