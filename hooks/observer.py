@@ -102,6 +102,7 @@ class ObserverMode:
         assert _observer is not None
         rec = self.rec
         names = ("float32", "float64", "bfloat16", "float16")
+        _dtype_names()  # before the observer starts: it makes a tensor of each dtype
         _observer.start({
             "skip_no_number_ops": rec.opts.skip_no_number_ops, "no_number_ops": sorted(NO_NUMBER_OPS),
             "row_functions": fused.row_cfunc_addresses(), "cancel": [fused.CANCEL[n] for n in names],
@@ -154,7 +155,8 @@ class ObserverMode:
         name = self.names[module] if module >= 0 else ""
         busy, rec._busy = rec._busy, True  # its torch ops are not the model's (no state sync needed: the observer is inside)
         try:
-            rec.record("aten", name, op, f"{name}/{op}#{ordinal}", ordinal, out, inputs, None, mutated)
+            with torch._C._DisableTorchDispatch():  # nor a nested capture's dispatch mode
+                rec.record("aten", name, op, f"{name}/{op}#{ordinal}", ordinal, out, inputs, None, mutated)
         finally:
             rec._busy = busy
 

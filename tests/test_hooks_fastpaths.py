@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import namedtuple
 from pathlib import Path
 
+import pytest
 import torch
 from torch.utils._pytree import tree_leaves
 
@@ -74,11 +75,14 @@ def test_fast_leaves_are_tree_leaves() -> None:
         assert len(got) == len(expected) and all(a is b for a, b in zip(got, expected, strict=True)), tree
 
 
-def test_torch_compile_inside_an_aten_capture_leaves_the_handler_alone(tmp_path: Path) -> None:
-    """The handler is marked for TorchDynamo to skip (no ``_disable_dynamo`` wrapper on each call):
-    a compiled function called inside the capture runs eagerly, op by op, and compiles nothing."""
+def test_torch_compile_inside_an_aten_capture_leaves_the_handler_alone(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dispatch mode's handler is marked for TorchDynamo to skip (no ``_disable_dynamo`` wrapper
+    on each call): a compiled function called inside the capture runs eagerly, op by op, and compiles
+    nothing. (The compiled observer has no handler: see test_observer.py for compile under it.)"""
     from torch._dynamo.utils import counters
 
+    monkeypatch.setenv("OPBAND_OBSERVER", "0")
     assert hooks.modes.AtenMode.__torch_dispatch__.__code__.co_filename == hooks.modes.__file__
 
     @torch.compile(backend="eager")

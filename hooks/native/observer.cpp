@@ -19,6 +19,7 @@
 
 #include <array>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -44,6 +45,7 @@ struct OpInfo {
   bool mutates = false;  // writes into existing memory
   int64_t skipped = 0;   // calls counted as skipped
   int64_t backward = 0;  // calls seen inside a backward pass (skipped too)
+  int64_t under_mode = 0;  // calls made under a tracer's mode (fake tensors): not the model's run
 };
 
 struct Call {  // one recorded op call: what its outputs' records share
@@ -120,8 +122,15 @@ struct State {
 };
 
 State* state = nullptr;
+// Guards the records and rows against a drain from another thread (global module hooks fire on any
+// thread). Never held while the GIL is taken: a thread holding the GIL may be waiting for it.
+std::mutex records_lock;
 thread_local int leaf_depth = 0;   // > 0 inside a recorded call: its inner calls are the kernel's
-thread_local std::vector<OpInfo*> frames;  // per open call: its op if it is a recorded (leaf) call
+struct Frame {
+  OpInfo* leaf;  // the op of a call the dispatch mode would see, else nullptr
+  bool under_mode;  // it ran under a tracer's dispatch mode: counted, not recorded
+};
+thread_local std::vector<Frame> frames;  // one per open call
 thread_local bool inside = false;  // this file runs torch ops itself (sample indices)
 thread_local std::vector<at::Tensor> call_inputs;  // the open recorded call's tensor inputs (read at its start)
 
@@ -192,6 +201,8 @@ const at::Tensor& sample_index(int64_t n) {
   if (it != state->sample_index.end()) return it->second;
   if (state->sample_index.size() > 4096) state->sample_index.clear();
   inside = true;  // the same indices as hooks.tensors._sample_index (torch.linspace in the default dtype)
+  c10::impl::ExcludeDispatchKeyGuard no_modes(  // nor seen by a dispatch mode (a nested capture's)
+      c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
   at::Tensor idx = at::linspace(0, static_cast<double>(n - 1), std::min<int64_t>(kSample, n)).round().to(at::kLong);
   inside = false;
   return state->sample_index.emplace(n, std::move(idx)).first->second;
@@ -257,6 +268,7 @@ double element(const at::Tensor& t, int64_t i) {
 // the same memory as `t` (any shape), or None. Its sampled elements are read again, as
 // StatsBatch._unchanged does: a guard against writes no dispatcher call made.
 py::object row_of(const at::Tensor& t) {
+  std::lock_guard<std::mutex> lock(records_lock);
   if (state == nullptr || !t.defined() || !t.is_cpu() || !t.has_storage() || !t.is_contiguous() || t.numel() == 0 ||
       kernel_slot(t.scalar_type()) < 0)
     return py::none();
@@ -294,6 +306,17 @@ void escape(const at::RecordFunction& fn, const OpInfo& info, int64_t ordinal) {
   state->escape(state->module, state->names[info.name], ordinal, out, as_list(ins), info.mutates);
 }
 
+// Whether a tracer's infrastructure mode (fake tensors, proxies, functionalization: torch.compile,
+// make_fx, export) runs this call: its tensors are not the model's numbers. User-level dispatch modes
+// (a FLOP counter, another capture's) run the real op, which is recorded.
+bool under_tracing() {
+  if (!c10::impl::dispatch_mode_enabled()) return false;
+  using M = c10::impl::TorchDispatchModeKey;
+  using TLS = c10::impl::TorchDispatchModeTLS;
+  return TLS::get_mode(M::FAKE).has_value() || TLS::get_mode(M::PROXY).has_value() ||
+         TLS::get_mode(M::FUNCTIONAL).has_value();
+}
+
 // Runs a Python callable with the GIL; its torch ops are not the model's (`inside`), and a Python
 // error never reaches the model's forward (the recorder turns its own failures into diagnostics).
 template <typename F>
@@ -315,23 +338,31 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   // construction from data): calls a dispatch mode does not see
   if (inside || state == nullptr || leaf_depth > 0 ||
       c10::impl::tls_local_dispatch_key_set().excluded_.has(c10::DispatchKey::Python)) {
-    frames.push_back(nullptr);
+    frames.push_back({nullptr, false});
     return nullptr;
   }
   OpInfo& info = info_of(fn);
   if (!info.observed || !info.leaf) {
-    frames.push_back(nullptr);
+    frames.push_back({nullptr, false});
+    return nullptr;
+  }
+  if (under_tracing()) {  // fake tensors, not the model's run; the mode's inner calls are not new ops
+    frames.push_back({&info, true});
+    ++leaf_depth;
     return nullptr;
   }
   if (info.mutates) {
     ++state->epoch;  // earlier statistics no longer describe memory this op writes
-    state->seen.clear();
+    {
+      std::lock_guard<std::mutex> lock(records_lock);
+      state->seen.clear();
+    }
     if (state->settle_pending) {  // background readers of the weights finish before the first write
       state->settle_pending = false;
       call_python([] { state->settle(); });
     }
   }
-  frames.push_back(&info);
+  frames.push_back({&info, false});
   ++leaf_depth;
   call_inputs.clear();  // inputs are readable only here, at the call's start
   if (state->on && !info.skip) {
@@ -345,12 +376,16 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
 
 void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
   if (frames.empty()) return;
-  OpInfo* leaf = frames.back();
+  const Frame frame = frames.back();
   frames.pop_back();
-  if (leaf == nullptr) return;
+  if (frame.leaf == nullptr) return;
   --leaf_depth;
   if (state == nullptr || !state->on) return;
-  OpInfo& info = *leaf;
+  OpInfo& info = *frame.leaf;
+  if (frame.under_mode) {
+    ++info.under_mode;
+    return;
+  }
   if (info.skip) {
     ++info.skipped;
     return;
@@ -370,6 +405,7 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
     call_inputs.clear();
     return;
   }
+  std::lock_guard<std::mutex> lock(records_lock);
   Call call{state->module, info.name, ordinal, state->step, static_cast<int64_t>(state->outs.size()), {}, {}, {}};
   for (const at::Tensor& t : call_inputs) {
     call.in_dims.push_back(t.dim());
@@ -417,6 +453,7 @@ void start(py::dict opts) {
 }
 
 void stop() {
+  std::lock_guard<std::mutex> lock(records_lock);
   if (state == nullptr) return;
   if (state->installed) at::removeCallback(state->handle);
   frames.clear();
@@ -434,6 +471,7 @@ void set_state(bool on, int module, int64_t step) {
 
 // The records made since the last drain, as Recorder._record_one's dicts (index from `base`).
 py::list drain(int64_t base, py::dict dtype_names) {
+  std::lock_guard<std::mutex> lock(records_lock);
   py::list out;
   if (state == nullptr) return out;
   static const std::array<const char*, kStatFields> fields = {"numel", "min", "max", "mean", "std", "l2", "absmax",
@@ -516,6 +554,10 @@ py::dict counts() {
     if (info.backward) {
       py::str k("(backward) " + name);
       skipped[k] = (skipped.contains(k) ? skipped[k].cast<int64_t>() : 0) + info.backward;
+    }
+    if (info.under_mode) {
+      py::str k("(traced) " + name);
+      skipped[k] = (skipped.contains(k) ? skipped[k].cast<int64_t>() : 0) + info.under_mode;
     }
   }
   d["skipped"] = skipped;

@@ -1,0 +1,240 @@
+"""The compiled observer (hooks._observer) records what the dispatch mode records.
+
+Every test captures the same run twice, at the aten level in summary mode: once through the Python
+``TorchDispatchMode`` (``OPBAND_OBSERVER=0``) and once through the compiled ``at::RecordFunction``
+observer, and asks for identical records: keys, order, input shapes and dtypes, output shapes,
+dtypes and statistics, bit for bit. The zoo's architectures, low-precision and int8 variants, a
+training step with a backward pass, channels-last convolutions, integer and boolean outputs,
+in-place writes and selected steps are covered; the views counted as skipped may differ (see
+docs/capture.md)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import zoo
+from hooks import capture, observer
+from hooks.variants import apply_variant
+
+Run = Callable[[capture], None]
+
+
+def _capture(tmp_path: Path, name: str, model: nn.Module, run: Run, engine: str, grad: bool = False,
+             **options: Any) -> capture:
+    mp = pytest.MonkeyPatch()
+    mp.setenv("OPBAND_OBSERVER", "1" if engine == "observer" else "0")
+    try:
+        with torch.set_grad_enabled(grad), capture(model, tmp_path / f"{name}-{engine}.bundle", level="aten",
+                                                   mode="summary", progress=False, **options) as cap:
+            run(cap)
+    finally:
+        mp.undo()
+    return cap
+
+
+def _same_records(tmp_path: Path, name: str, model: nn.Module, run: Run, grad: bool = False,
+                  **options: Any) -> tuple[capture, capture]:
+    """Capture ``run`` both ways; assert identical records and diagnostics; return both captures."""
+    mode = _capture(tmp_path, name, model, run, "dispatch", grad, **options)
+    seen = _capture(tmp_path, name, model, run, "observer", grad, **options)
+    assert mode.engine.startswith("dispatch mode") and seen.engine == "observer", (mode.engine, seen.engine)
+    a, b = [r.model_dump() for r in mode.records], [r.model_dump() for r in seen.records]
+    assert [r["key"] for r in a] == [r["key"] for r in b]
+    for x, y in zip(a, b, strict=True):
+        assert _equal(x, y), (x["key"], x, y)
+    assert [d.message for d in mode._recorder.diagnostics] == [d.message for d in seen._recorder.diagnostics]
+    assert observer.active() is None
+    return mode, seen
+
+
+def _equal(x: Any, y: Any) -> bool:
+    """Equal, with NaN equal to NaN (statistics of non-finite tensors)."""
+    if isinstance(x, float) and isinstance(y, float):
+        return x == y or (math.isnan(x) and math.isnan(y))
+    if isinstance(x, dict) and isinstance(y, dict):
+        return x.keys() == y.keys() and all(_equal(x[k], y[k]) for k in x)
+    if isinstance(x, list) and isinstance(y, list):
+        return len(x) == len(y) and all(_equal(a, b) for a, b in zip(x, y, strict=True))
+    return x == y
+
+
+def test_the_observer_is_built_for_this_torch() -> None:
+    """make venv compiles it; CI must not fall back to the dispatch mode without saying so."""
+    from hooks import _observer
+
+    assert _observer.TORCH_VERSION == torch.__version__
+    assert observer.why_not(capture(nn.Identity(), "unused.bundle", mode="summary").options, nn.Identity()) is None
+
+
+@pytest.mark.parametrize("entry", zoo.MODELS, ids=lambda m: m.name)
+def test_zoo_models_record_the_same(entry: zoo.Model, tmp_path: Path) -> None:
+    model, inputs = entry.build()
+    mode, seen = _same_records(tmp_path, entry.name, model, lambda cap: model(**inputs))
+    assert len(list(seen.records)) > 20
+    assert seen._recorder.ops_seen == mode._recorder.ops_seen
+
+
+@pytest.mark.parametrize("variant", ["bf16", "fp16", "int8"])
+def test_low_precision_and_int8_variants_record_the_same(variant: str, tmp_path: Path) -> None:
+    """bf16/fp16 outputs are summarised by the observer; int8's quantized kernels' outputs take the
+    recorder's Python path (quantized tensors) under the observer's keys."""
+    entry = zoo.BY_NAME["llama"]
+    model, inputs = entry.build()
+    model, inputs, _ = apply_variant(model, inputs, variant, "cpu")
+    _, seen = _same_records(tmp_path, variant, model, lambda cap: model(**inputs))
+    assert {r.dtype for r in seen.records} & {"bfloat16", "float16", "float32"}
+
+
+def test_training_step_with_backward_inside(tmp_path: Path) -> None:
+    """Grad on, a loss and its backward inside the block: the backward's ops are skipped both ways."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LayerNorm(16), nn.Linear(16, 2))
+    x, target = torch.randn(4, 8), torch.tensor([0, 1, 1, 0])
+
+    def step(cap: capture) -> None:
+        loss = nn.functional.cross_entropy(model(x), target)
+        loss.backward()
+        model.zero_grad()
+
+    mode, seen = _same_records(tmp_path, "train", model, step, grad=True)
+    backward_a = {k: v for k, v in mode._recorder.skipped.items() if k.startswith("(backward)")}
+    backward_b = {k: v for k, v in seen._recorder.skipped.items() if k.startswith("(backward)")}
+    assert backward_a and backward_a == backward_b
+
+
+class _Odd(nn.Module):
+    """Outputs the observer does not summarise itself (integers, booleans, channels-last, empty,
+    non-finite values) next to ones it does, and in-place writes between them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3).to(memory_format=torch.channels_last)
+        self.lin = nn.Linear(6, 6)
+
+    def forward(self, img: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = self.conv(img.to(memory_format=torch.channels_last))  # a non-contiguous (channels-last) output
+        h = self.lin(x)
+        top = h.argmax(-1)  # int64
+        mask = h > 0  # bool
+        h.mul_(2.0)  # in place: later rows of h's memory are fresh
+        h = h.masked_fill(mask, float("-inf"))
+        z = torch.log(h.clamp(min=-1.0))  # NaN and -inf
+        empty = h[:, :0] * 2
+        parts = torch.split(h, 2, dim=-1)
+        return y, top, mask, h, z, empty, torch.cat(parts[::-1], -1), h.sum(-1, keepdim=True).sqrt()
+
+
+def test_odd_outputs_and_in_place_writes_record_the_same(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = _Odd()
+    img, x = torch.randn(2, 3, 8, 8), torch.randn(5, 6)
+    _, seen = _same_records(tmp_path, "odd", model, lambda cap: model(img, x))
+    dtypes = {r.dtype for r in seen.records}
+    assert {"int64", "bool", "float32"} <= dtypes
+    assert any(r.memory_format == "channels_last" for r in seen.records)
+
+
+def test_selected_steps_and_a_raising_forward(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    x = torch.randn(3, 4)
+
+    def steps(cap: capture) -> None:
+        for _ in range(3):
+            model(x * 2)
+            cap.step()
+
+    _, seen = _same_records(tmp_path, "steps", model, steps, steps=[1])
+    assert {r.step for r in seen.records} == {1}
+
+    def raising(cap: capture) -> None:
+        model(x)
+        raise ValueError("boom")
+
+    for engine in ("dispatch", "observer"):
+        with pytest.raises(ValueError, match="boom"):
+            _capture(tmp_path, "raise", model, raising, engine)
+    assert observer.active() is None
+    with torch.no_grad(), capture(model, tmp_path / "after.bundle", mode="summary", progress=False) as cap:
+        model(x)
+    assert cap.engine == "observer"  # the observer was removed and comes back
+    assert [r.key for r in cap.records] == ["0/aten.addmm#0", "0/forward#0", "1/aten.relu#0", "1/forward#0", "/forward#0"]
+
+
+def test_other_threads_and_paused_blocks_are_not_recorded(tmp_path: Path) -> None:
+    """The observer is thread-local, as the dispatch mode is; ``cap.paused()`` blocks are not recorded."""
+    import threading
+
+    model = nn.Linear(4, 4)
+    x = torch.randn(2, 4)
+
+    def run(cap: capture) -> None:
+        t = threading.Thread(target=lambda: torch.exp(x))
+        t.start()
+        t.join()
+        with cap.paused():
+            torch.sin(x)
+        model(x)
+
+    _, seen = _same_records(tmp_path, "threads", model, run)
+    assert [r.op for r in seen.records] == ["aten.addmm", "forward"]
+
+
+def test_a_nested_capture_and_other_options_take_the_dispatch_mode(tmp_path: Path) -> None:
+    model = nn.Linear(4, 4)
+    x = torch.randn(2, 4)
+    with torch.no_grad(), capture(model, tmp_path / "outer.bundle", mode="summary", progress=False) as outer:
+        with capture(model, tmp_path / "inner.bundle", mode="summary", progress=False) as inner:
+            model(x)
+    assert outer.engine == "observer"
+    assert inner.engine == "dispatch mode (another observer capture is active in this process)"
+    assert [r.key for r in inner.records] == [r.key for r in outer.records] == ["/aten.addmm#0", "/forward#0"]
+    for options, reason in [({"mode": "full"}, "summary captures"), ({"level": "module", "mode": "summary"}, ""),
+                            ({"mode": "summary", "ops": ["aten.mm"]}, "filters")]:
+        with torch.no_grad(), capture(model, tmp_path / "o.bundle", progress=False, **options) as cap:
+            model(x)
+        assert cap.engine == "" if options.get("level") == "module" else cap.engine.startswith("dispatch mode")
+        assert reason in cap.engine
+
+
+def test_compiled_code_inside_an_observer_capture(tmp_path: Path) -> None:
+    """torch.compile runs as it runs without capture; the tracer's fake-tensor calls are counted as
+    "(traced)", not recorded; the eager backend's ops are recorded."""
+
+    @torch.compile(backend="eager")
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return (x.sin() + 1).cos()
+
+    x = torch.linspace(-1, 1, 5)
+    with capture(nn.Identity(), tmp_path / "c.bundle", mode="summary", progress=False) as cap:
+        y = f(x)
+    assert torch.equal(y, (x.sin() + 1).cos())
+    assert cap.engine == "observer"
+    assert [r.key for r in cap.records] == ["/aten.sin#0", "/aten.add#0", "/aten.cos#0"]
+    assert cap._recorder.skipped["(traced) aten.sin"] >= 1
+    assert not cap._recorder.diagnostics
+
+
+def test_weights_written_in_place_are_fingerprinted_as_the_block_began(tmp_path: Path) -> None:
+    """Weights of 2 MB or more are walked on a background thread; the observer runs that walk to its
+    end before the first call that writes in place, as the dispatch mode does."""
+    torch.manual_seed(0)
+    model = nn.Linear(1024, 1024)  # 4 MB: walked in the background
+    before = model.weight.detach().clone()
+    x = torch.randn(2, 1024)
+
+    def run(cap: capture) -> None:
+        model(x)
+        model.weight.add_(1.0)
+
+    with torch.no_grad():
+        seen = _capture(tmp_path, "walk", model, run, "observer")
+    assert seen._prints.parameters["weight"].sum == pytest.approx(float(before.double().sum()), rel=1e-6, abs=1e-3)
+    assert seen.engine == "observer"
