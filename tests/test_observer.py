@@ -128,7 +128,10 @@ class _Odd(nn.Module):
         z = torch.log(h.clamp(min=-1.0))  # NaN and -inf
         empty = h[:, :0] * 2
         parts = torch.split(h, 2, dim=-1)
-        return y, top, mask, h, z, empty, torch.cat(parts[::-1], -1), h.sum(-1, keepdim=True).sqrt()
+        spectrum = torch.fft.rfft(x)  # complex64: the recorder's own payload (view_as_real)
+        strided = x.t()[::2] * 3  # neither contiguous nor dense: summarised from a contiguous copy
+        return (y, top, mask, h, z, empty, torch.cat(parts[::-1], -1), h.sum(-1, keepdim=True).sqrt(), spectrum,
+                strided)
 
 
 def test_odd_outputs_and_in_place_writes_record_the_same(tmp_path: Path) -> None:
@@ -138,6 +141,7 @@ def test_odd_outputs_and_in_place_writes_record_the_same(tmp_path: Path) -> None
     _, seen = _same_records(tmp_path, "odd", model, lambda cap: model(img, x))
     dtypes = {r.dtype for r in seen.records}
     assert {"int64", "bool", "float32"} <= dtypes
+    assert any((r.qparams or {}).get("complex") == "complex64" for r in seen.records)  # went the recorder's way
     assert any(r.memory_format == "channels_last" for r in seen.records)
 
 

@@ -17,7 +17,9 @@
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -64,7 +66,9 @@ struct Out {  // one output tensor
   int output;
   int8_t dtype;
   bool has_row;
+  int8_t layout;  // 0 contiguous, 1 channels_last, 2 channels_last_3d, 3 other strides (hooks.opcall.layout_of)
   std::vector<int64_t> shape;
+  std::vector<int64_t> strides;  // when not contiguous
   std::array<double, kRow> row;
 };
 
@@ -134,6 +138,18 @@ thread_local std::vector<Frame> frames;  // one per open call
 thread_local bool inside = false;  // this file runs torch ops itself (sample indices)
 thread_local std::vector<at::Tensor> call_inputs;  // the open recorded call's tensor inputs (read at its start)
 
+// Runs ATen ops of this file's own: neither the observer nor a dispatch mode (a nested capture's) sees them.
+template <typename F>
+auto quietly(F&& f) {
+  const bool was = inside;
+  inside = true;
+  c10::impl::ExcludeDispatchKeyGuard no_modes(
+      c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
+  auto result = f();
+  inside = was;
+  return result;
+}
+
 int kernel_slot(at::ScalarType t) {
   switch (t) {
     case at::kFloat: return 0;
@@ -200,12 +216,21 @@ const at::Tensor& sample_index(int64_t n) {
   auto it = state->sample_index.find(n);
   if (it != state->sample_index.end()) return it->second;
   if (state->sample_index.size() > 4096) state->sample_index.clear();
-  inside = true;  // the same indices as hooks.tensors._sample_index (torch.linspace in the default dtype)
-  c10::impl::ExcludeDispatchKeyGuard no_modes(  // nor seen by a dispatch mode (a nested capture's)
-      c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
-  at::Tensor idx = at::linspace(0, static_cast<double>(n - 1), std::min<int64_t>(kSample, n)).round().to(at::kLong);
-  inside = false;
+  // the same indices as hooks.tensors._sample_index (torch.linspace in the default dtype)
+  at::Tensor idx = quietly([n] {
+    return at::linspace(0, static_cast<double>(n - 1), std::min<int64_t>(kSample, n)).round().to(at::kLong);
+  });
   return state->sample_index.emplace(n, std::move(idx)).first->second;
+}
+
+bool integer_like(at::ScalarType t) {  // summarised as float64 values, as hooks.tensors.host_stats does
+  switch (t) {
+    case at::kLong: case at::kInt: case at::kShort: case at::kChar: case at::kByte:
+    case at::kFloat8_e4m3fn: case at::kFloat8_e5m2:
+      return true;
+    default:
+      return false;
+  }
 }
 
 // Whether the observer summarises this output itself; else the whole call goes to Python.
@@ -215,10 +240,12 @@ bool native(const at::Tensor& t) {
     return false;
   if (t.key_set().has(c10::DispatchKey::FuncTorchGradWrapper) || t.key_set().has(c10::DispatchKey::FuncTorchBatched))
     return false;
-  if (kernel_slot(t.scalar_type()) < 0 || !t.is_contiguous()) return false;
-  if (t.numel() >= state->parallel_min && at::get_num_threads() > 1) return false;  // the Python path's parallel row
-  return true;
+  const at::ScalarType type = t.scalar_type();
+  if (type == at::kBool) return true;
+  if (kernel_slot(type) < 0 && !integer_like(type)) return false;  // quantized, complex, …: the recorder's payloads
+  return !(t.numel() >= state->parallel_min && at::get_num_threads() > 1);  // the Python path's parallel row
 }
+
 
 template <typename Values, typename F>
 bool each_tensor(const Values& values, F&& f) {
@@ -237,17 +264,88 @@ bool each_tensor(const Values& values, F&& f) {
   return true;
 }
 
+// hooks.tensors._dense_offsets: for a non-contiguous tensor whose elements fill numel consecutive
+// slots from its data pointer (a permutation of a contiguous one), the storage offsets of the
+// sample elements, read in storage order; undefined when it has gaps or overlaps.
+at::Tensor dense_offsets(const at::Tensor& x) {
+  const auto shape = x.sizes();
+  const auto stride = x.strides();
+  std::vector<std::pair<int64_t, int64_t>> dims;
+  for (size_t d = 0; d < shape.size(); ++d)
+    if (shape[d] != 1) dims.emplace_back(stride[d], shape[d]);
+  std::sort(dims.begin(), dims.end());
+  int64_t expected = 1;
+  for (const auto& [st, sz] : dims) {
+    if (st != expected) return at::Tensor();
+    expected *= sz;
+  }
+  const at::Tensor& flat = sample_index(x.numel());
+  at::Tensor where = quietly([&] { return at::empty({flat.numel()}, at::kLong); });
+  int64_t* out = where.data_ptr<int64_t>();
+  const int64_t* at = flat.const_data_ptr<int64_t>();
+  for (int64_t j = 0; j < flat.numel(); ++j) {
+    int64_t rest = at[j], off = 0;
+    for (size_t d = shape.size(); d-- > 0;) {
+      off += (rest % shape[d]) * stride[d];
+      rest /= shape[d];
+    }
+    out[j] = off;
+  }
+  return where;
+}
+
+// hooks.tensors._bool_stats: a boolean tensor's row from its count of true values.
+void bool_row(const at::Tensor& t, Out& out) {
+  const int64_t n = t.numel();
+  const at::Tensor& idx = sample_index(n);
+  auto [nz, sample] = quietly([&] {
+    return std::make_pair(at::count_nonzero(t).item<int64_t>(), t.reshape(-1).index_select(0, idx).to(at::kDouble));
+  });
+  const double mean = static_cast<double>(nz) / static_cast<double>(n);
+  auto& r = out.row;
+  r.fill(0.0);
+  r[0] = static_cast<double>(n);
+  r[1] = nz < n ? 0.0 : 1.0;
+  r[2] = nz ? 1.0 : 0.0;
+  r[3] = mean;
+  r[4] = std::sqrt(std::max(mean - mean * mean, 0.0));
+  r[5] = std::sqrt(static_cast<double>(nz));
+  r[6] = nz ? 1.0 : 0.0;
+  r[9] = static_cast<double>(n - nz);
+  const double* s = sample.const_data_ptr<double>();
+  for (int64_t j = 0; j < sample.numel(); ++j) r[kStatFields + j] = s[j];
+}
+
 void summarise(const at::Tensor& t, Out& out) {
   const int64_t n = t.numel();
   out.shape.assign(t.sizes().begin(), t.sizes().end());
   out.dtype = static_cast<int8_t>(t.scalar_type());
+  out.layout = 0;
+  if (!t.is_contiguous()) {  // hooks.opcall.layout_of
+    out.strides.assign(t.strides().begin(), t.strides().end());
+    out.layout = t.dim() == 4 && t.is_contiguous(at::MemoryFormat::ChannelsLast)     ? 1
+                 : t.dim() == 5 && t.is_contiguous(at::MemoryFormat::ChannelsLast3d) ? 2
+                                                                                      : 3;
+  }
   out.has_row = n > 0;
   if (n == 0) return;
-  const int slot = kernel_slot(t.scalar_type());
-  const at::Tensor& idx = sample_index(n);
-  state->row_fn[slot](reinterpret_cast<int64_t>(t.const_data_ptr()), n, reinterpret_cast<int64_t>(idx.const_data_ptr()),
+  if (t.scalar_type() == at::kBool) {
+    bool_row(t, out);
+    return;
+  }
+  int slot = kernel_slot(t.scalar_type());
+  at::Tensor x = t, where;
+  if (slot < 0) {  // integers and FP8: their float64 values
+    x = quietly([&] { return t.reshape(-1).to(at::kDouble); });
+    slot = 1;
+  } else if (!t.is_contiguous()) {
+    where = dense_offsets(t);
+    if (!where.defined()) x = quietly([&] { return t.contiguous(); });
+  }
+  const at::Tensor& idx = where.defined() ? where : sample_index(n);
+  state->row_fn[slot](reinterpret_cast<int64_t>(x.const_data_ptr()), n, reinterpret_cast<int64_t>(idx.const_data_ptr()),
                       idx.numel(), state->cancel[slot], out.row.data(), kRow);
-  if (t.has_storage()) {
+  if (t.has_storage() && t.is_contiguous() && kernel_slot(t.scalar_type()) >= 0) {
     if (state->seen.size() > 4096) state->seen.clear();
     const c10::Storage& storage = t.storage();
     state->seen.insert_or_assign(Where{storage.unsafeGetStorageImpl(), t.storage_offset(), n, out.dtype},
@@ -483,6 +581,9 @@ py::list drain(int64_t base, py::dict dtype_names) {
     return slot;
   };
   const py::str aten("aten");
+  static const std::array<const char*, 4> format_names = {"", "channels_last", "channels_last_3d", "strided"};
+  std::array<py::str, 4> formats;
+  for (size_t i = 0; i < 4; ++i) formats[i] = py::str(format_names[i]);
   py::none none;
   for (const Out& o : state->outs) {
     const Call& c = state->calls[static_cast<size_t>(o.call)];
@@ -531,8 +632,15 @@ py::list drain(int64_t base, py::dict dtype_names) {
     r["stats"] = stats;
     r["qparams"] = none;
     r["step"] = c.step;
-    r["strides"] = none;
-    r["memory_format"] = none;
+    if (o.layout == 0) {
+      r["strides"] = none;
+      r["memory_format"] = none;
+    } else {
+      py::list strides(o.strides.size());
+      for (size_t d = 0; d < o.strides.size(); ++d) strides[d] = py::int_(o.strides[d]);
+      r["strides"] = strides;
+      r["memory_format"] = formats[static_cast<size_t>(o.layout)];
+    }
     out.append(r);
   }
   state->outs.clear();
