@@ -275,10 +275,8 @@ class ModuleHooks:
         while stack:  # pop back to this module, even if an inner forward raised earlier
             if stack.pop() == name:
                 break
-        if self.observer is not None:
-            self.observer.drain()  # the module's ops come before its output
-            if not rec.active:
-                self.observer.sync()  # else the busy toggles below tell it the module
+        if self.observer is not None and self.observer.record_module(name, args, output):
+            return  # recorded by the compiled observer (or nothing to record), in order with the ops
         if not rec.active:
             return
         rec.busy = True

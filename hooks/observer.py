@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from accuracy import fused
-from hooks.tensors import NO_NUMBER_OPS, SAMPLE_SIZE, STAT_FIELDS
+from hooks.tensors import NO_NUMBER_OPS, SAMPLE_SIZE, STAT_FIELDS, fast_leaves
 
 if TYPE_CHECKING:
     from hooks.capture import CaptureOptions
@@ -147,6 +147,27 @@ class ObserverMode:
             rec.records.extend(batch)
             rec.stats_of.extend([None] * len(batch))  # the rows are in the records already
         rec.stats.epoch = _observer.epoch()  # the writes it saw: earlier rows of the same memory are stale
+
+    def record_module(self, name: str, args: Any, output: Any) -> bool:
+        """A module's output (its forward hook, after the stack was popped): recorded by the observer,
+        in order with the ops; False when the recorder must record it (any output that is not a
+        plain tensor the observer summarises), after the observer's records were drained."""
+        rec = self.rec
+        stack = rec.stack
+        inner = self.index.get(stack[-1], -1) if stack else -1
+        if not rec.active:
+            self.sync()
+            return True  # nothing to record
+        try:
+            outs = [output] if type(output) is torch.Tensor else fast_leaves(output)
+            if all(type(t) is torch.Tensor for t in outs) and _observer is not None and \
+                    _observer.record_module(self.index[name], outs, fast_leaves(args), inner):
+                return True
+        except Exception:  # noqa: BLE001, S110 - the recorder's path says what is wrong with this output
+            pass
+        self.drain()
+        self.sync()
+        return False
 
     def _escape(self, module: int, op: str, ordinal: int, out: Any, inputs: list[torch.Tensor], mutated: bool) -> None:
         """A call whose outputs the observer does not summarise: the recorder's own path, same key."""

@@ -50,9 +50,10 @@ struct OpInfo {
   int64_t under_mode = 0;  // calls made under a tracer's mode (fake tensors): not the model's run
 };
 
-struct Call {  // one recorded op call: what its outputs' records share
+struct Call {  // one recorded op call (or module output): what its outputs' records share
   int module;
   int name;
+  int kind;  // 0: an ATen op ("aten"), 1: a module's forward ("module")
   int64_t ordinal;
   int64_t step;
   int64_t first_out;  // index into State::outs
@@ -170,6 +171,8 @@ bool decomposed_before_python(const c10::OperatorHandle& op) {
            op.hasKernelForDispatchKey(K::CompositeExplicitAutogradNonFunctional));
 }
 
+int name_id(const std::string& name);
+
 OpInfo classify(const at::RecordFunction& fn) {
   OpInfo info;
   auto schema = fn.operator_schema();
@@ -186,12 +189,7 @@ OpInfo classify(const at::RecordFunction& fn) {
   std::string name = op_name.name;  // "aten::mm" -> "aten.mm", as str(OpOverload.overloadpacket)
   auto sep = name.find("::");
   if (sep != std::string::npos) name.replace(sep, 2, ".");
-  auto it = state->name_index.find(name);
-  if (it == state->name_index.end()) {
-    it = state->name_index.emplace(name, static_cast<int>(state->names.size())).first;
-    state->names.push_back(name);
-  }
-  info.name = it->second;
+  info.name = name_id(name);
   // OpOverload.is_view (MathBitsFallback's rule): aliased arguments that are all read-only
   int is_write = -1;
   for (const auto& a : schema->arguments()) {
@@ -365,27 +363,47 @@ double element(const at::Tensor& t, int64_t i) {
 // The row of an output summarised since the last in-place write that holds the same elements in
 // the same memory as `t` (any shape), or None. Its sampled elements are read again, as
 // StatsBatch._unchanged does: a guard against writes no dispatcher call made.
-py::object row_of(const at::Tensor& t) {
-  std::lock_guard<std::mutex> lock(records_lock);
+// The row of an output summarised since the last in-place write that holds the same elements in
+// the same memory as `t`, or nullptr (records_lock held).
+const std::array<double, kRow>* seen_row(const at::Tensor& t) {
   if (state == nullptr || !t.defined() || !t.is_cpu() || !t.has_storage() || !t.is_contiguous() || t.numel() == 0 ||
       kernel_slot(t.scalar_type()) < 0)
-    return py::none();
+    return nullptr;
   const c10::Storage& storage = t.storage();
   const int64_t n = t.numel();
   auto it = state->seen.find(Where{storage.unsafeGetStorageImpl(), t.storage_offset(), n, static_cast<int8_t>(t.scalar_type())});
-  if (it == state->seen.end()) return py::none();
+  if (it == state->seen.end()) return nullptr;
   auto held = it->second.storage.lock();
-  if (!held || held.get() != storage.unsafeGetStorageImpl()) return py::none();
+  if (!held || held.get() != storage.unsafeGetStorageImpl()) return nullptr;
   const auto& row = it->second.row;
   const at::Tensor& idx = sample_index(n);
   const int64_t* at = idx.const_data_ptr<int64_t>();
   for (int64_t j = 0; j < idx.numel(); ++j) {
     const double now = element(t, at[j]), then = row[kStatFields + j];
-    if (!(now == then || (now != now && then != then))) return py::none();
+    if (!(now == then || (now != now && then != then))) return nullptr;
   }
+  return &row;
+}
+
+// seen_row for Python (StatsBatch.lookup): a module output that aliases an op's output, any shape.
+// Its sampled elements are read again, as StatsBatch._unchanged does: a guard against writes no
+// dispatcher call made.
+py::object row_of(const at::Tensor& t) {
+  std::lock_guard<std::mutex> lock(records_lock);
+  const auto* row = seen_row(t);
+  if (row == nullptr) return py::none();
   py::list out(kRow);
-  for (int i = 0; i < kRow; ++i) out[i] = py::float_(row[i]);
+  for (int i = 0; i < kRow; ++i) out[i] = py::float_((*row)[i]);
   return out;
+}
+
+int name_id(const std::string& name) {
+  auto it = state->name_index.find(name);
+  if (it == state->name_index.end()) {
+    it = state->name_index.emplace(name, static_cast<int>(state->names.size())).first;
+    state->names.push_back(name);
+  }
+  return it->second;
 }
 
 py::list as_list(const std::vector<py::object>& items) {
@@ -504,7 +522,7 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
     return;
   }
   std::lock_guard<std::mutex> lock(records_lock);
-  Call call{state->module, info.name, ordinal, state->step, static_cast<int64_t>(state->outs.size()), {}, {}, {}};
+  Call call{state->module, info.name, 0, ordinal, state->step, static_cast<int64_t>(state->outs.size()), {}, {}, {}};
   for (const at::Tensor& t : call_inputs) {
     call.in_dims.push_back(t.dim());
     call.in_sizes.insert(call.in_sizes.end(), t.sizes().begin(), t.sizes().end());
@@ -522,6 +540,48 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
     return true;
   });
   state->calls.push_back(std::move(call));
+}
+
+// A module's output, recorded as ModuleHooks would ("path/forward#N", kind "module"), in order
+// with the ops; a row summarised since the last in-place write is reused. False (nothing recorded)
+// when an output is not one this file summarises: the recorder's Python path records it.
+bool record_module(int module, const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& ins, int innermost) {
+  if (state == nullptr) return false;
+  state->module = innermost;
+  for (const at::Tensor& t : outs)
+    if (!t.defined() || !native(t)) return false;
+  for (const at::Tensor& t : ins)
+    if (t.defined() && t.is_nested()) return false;
+  std::lock_guard<std::mutex> lock(records_lock);
+  const int name = name_id("forward");
+  const uint64_t okey = (static_cast<uint64_t>(static_cast<uint32_t>(module)) << 32) | static_cast<uint32_t>(name);
+  const int64_t ordinal = state->ordinals[okey]++;
+  ++state->ops_seen;
+  Call call{module, name, 1, ordinal, state->step, static_cast<int64_t>(state->outs.size()), {}, {}, {}};
+  for (const at::Tensor& t : ins) {
+    call.in_dims.push_back(t.dim());
+    call.in_sizes.insert(call.in_sizes.end(), t.sizes().begin(), t.sizes().end());
+    call.in_dtypes.push_back(static_cast<int8_t>(t.scalar_type()));
+  }
+  const int64_t call_index = static_cast<int64_t>(state->calls.size());
+  int out_i = 0;
+  for (const at::Tensor& t : outs) {
+    Out& out = state->outs.emplace_back();
+    out.call = call_index;
+    out.output = out_i++;
+    const auto* row = seen_row(t);
+    if (row == nullptr) {
+      summarise(t, out);
+      continue;
+    }
+    out.shape.assign(t.sizes().begin(), t.sizes().end());
+    out.dtype = static_cast<int8_t>(t.scalar_type());
+    out.layout = 0;  // seen rows are of contiguous tensors
+    out.has_row = true;
+    out.row = *row;
+  }
+  state->calls.push_back(std::move(call));
+  return true;
 }
 
 void start(py::dict opts) {
@@ -568,80 +628,111 @@ void set_state(bool on, int module, int64_t step) {
 }
 
 // The records made since the last drain, as Recorder._record_one's dicts (index from `base`).
+// Interned Python strings for the record dicts' keys (made once, with the GIL).
+struct Names {
+  std::array<py::object, kStatFields> stat;
+  py::object sample, key, output, module, op, ordinal, kind, index, input_shapes, input_dtypes, shape, dtype, tensor,
+      input_tensors, stats, qparams, step, strides, memory_format, empty;
+  std::array<py::object, 2> kinds;    // "aten", "module"
+  std::array<py::object, 4> formats;  // -, "channels_last", "channels_last_3d", "strided"
+};
+
+const Names& interned() {
+  static const Names* names = [] {
+    auto s = [](const char* text) { return py::reinterpret_steal<py::object>(PyUnicode_InternFromString(text)); };
+    auto* n = new Names();
+    const std::array<const char*, kStatFields> stat = {"numel", "min", "max", "mean", "std", "l2", "absmax",
+                                                       "nan", "inf", "zeros"};
+    for (int f = 0; f < kStatFields; ++f) n->stat[f] = s(stat[f]);
+    n->sample = s("sample"), n->key = s("key"), n->output = s("output"), n->module = s("module"), n->op = s("op");
+    n->ordinal = s("ordinal"), n->kind = s("kind"), n->index = s("index"), n->input_shapes = s("input_shapes");
+    n->input_dtypes = s("input_dtypes"), n->shape = s("shape"), n->dtype = s("dtype"), n->tensor = s("tensor");
+    n->input_tensors = s("input_tensors"), n->stats = s("stats"), n->qparams = s("qparams"), n->step = s("step");
+    n->strides = s("strides"), n->memory_format = s("memory_format"), n->empty = s("");
+    n->kinds = {s("aten"), s("module")};
+    n->formats = {s(""), s("channels_last"), s("channels_last_3d"), s("strided")};
+    return n;
+  }();
+  return *names;
+}
+
+void put(PyObject* dict, const py::object& key, py::object value) { PyDict_SetItem(dict, key.ptr(), value.ptr()); }
+
+py::list ints(const int64_t* values, size_t n) {
+  py::list l(n);
+  for (size_t i = 0; i < n; ++i) PyList_SET_ITEM(l.ptr(), i, PyLong_FromLongLong(values[i]));
+  return l;
+}
+
+// The records made since the last drain, as Recorder._record_one's dicts (index from `base`).
 py::list drain(int64_t base, py::dict dtype_names) {
   std::lock_guard<std::mutex> lock(records_lock);
-  py::list out;
-  if (state == nullptr) return out;
-  static const std::array<const char*, kStatFields> fields = {"numel", "min", "max", "mean", "std", "l2", "absmax",
-                                                               "nan", "inf", "zeros"};
+  if (state == nullptr) return py::list();
+  const Names& k = interned();
   std::vector<py::object> dtype_of(64);
   auto dtype_name = [&](int8_t code) -> py::object {
     auto& slot = dtype_of.at(static_cast<size_t>(code));
     if (!slot) slot = dtype_names[py::int_(code)];
     return slot;
   };
-  const py::str aten("aten");
-  static const std::array<const char*, 4> format_names = {"", "channels_last", "channels_last_3d", "strided"};
-  std::array<py::str, 4> formats;
-  for (size_t i = 0; i < 4; ++i) formats[i] = py::str(format_names[i]);
-  py::none none;
+  std::vector<py::object> op_names(state->names.size());
+  py::list out(state->outs.size());
+  size_t at_out = 0;
   for (const Out& o : state->outs) {
     const Call& c = state->calls[static_cast<size_t>(o.call)];
     py::list shapes(c.in_dims.size()), dtypes(c.in_dims.size());
     size_t at = 0;
     for (size_t i = 0; i < c.in_dims.size(); ++i) {
-      py::list shape(static_cast<size_t>(c.in_dims[i]));
-      for (int64_t d = 0; d < c.in_dims[i]; ++d) shape[static_cast<size_t>(d)] = py::int_(c.in_sizes[at++]);
-      shapes[i] = shape;
-      dtypes[i] = dtype_name(c.in_dtypes[i]);
+      const auto dims = static_cast<size_t>(c.in_dims[i]);
+      PyList_SET_ITEM(shapes.ptr(), i, ints(c.in_sizes.data() + at, dims).release().ptr());
+      at += dims;
+      PyList_SET_ITEM(dtypes.ptr(), i, dtype_name(c.in_dtypes[i]).release().ptr());
     }
-    py::list shape(o.shape.size());
-    for (size_t d = 0; d < o.shape.size(); ++d) shape[d] = py::int_(o.shape[d]);
-    py::object stats = none;
+    py::object stats = py::none();
     if (o.has_row) {
-      py::dict s;
+      py::dict st;
       const auto n = static_cast<int64_t>(o.row[0]);
-      s["numel"] = py::int_(n);
+      put(st.ptr(), k.stat[0], py::int_(n));
       for (int f = 1; f < kStatFields; ++f) {
-        if (f >= 7) s[fields[f]] = py::int_(static_cast<int64_t>(o.row[f]));
-        else s[fields[f]] = py::float_(o.row[f]);
+        if (f >= 7) put(st.ptr(), k.stat[f], py::int_(static_cast<int64_t>(o.row[f])));
+        else put(st.ptr(), k.stat[f], py::float_(o.row[f]));
       }
-      const int64_t k = std::min<int64_t>(kSample, n);
-      py::list sample(static_cast<size_t>(k));
-      for (int64_t j = 0; j < k; ++j) sample[static_cast<size_t>(j)] = py::float_(o.row[kStatFields + j]);
-      s["sample"] = sample;
-      stats = s;
+      const auto m = static_cast<size_t>(std::min<int64_t>(kSample, n));
+      py::list sample(m);
+      for (size_t j = 0; j < m; ++j) PyList_SET_ITEM(sample.ptr(), j, PyFloat_FromDouble(o.row[kStatFields + j]));
+      put(st.ptr(), k.sample, sample);
+      stats = st;
     }
-    const py::str& module = c.module >= 0 ? state->module_names.at(static_cast<size_t>(c.module)) : py::str("");
-    const std::string& op = state->names[static_cast<size_t>(c.name)];
-    std::string key = module.cast<std::string>() + "/" + op + "#" + std::to_string(c.ordinal);
+    const py::object module = c.module >= 0 ? py::object(state->module_names.at(static_cast<size_t>(c.module))) : k.empty;
+    py::object& op = op_names[static_cast<size_t>(c.name)];
+    if (!op) op = py::str(state->names[static_cast<size_t>(c.name)]);
     py::dict r;
-    r["key"] = key;
-    r["output"] = o.output;
-    r["module"] = module;
-    r["op"] = op;
-    r["ordinal"] = c.ordinal;
-    r["kind"] = aten;
-    r["index"] = base++;
-    r["input_shapes"] = shapes;
-    r["input_dtypes"] = dtypes;
-    r["shape"] = shape;
-    r["dtype"] = dtype_name(o.dtype);
-    r["tensor"] = none;
-    r["input_tensors"] = none;
-    r["stats"] = stats;
-    r["qparams"] = none;
-    r["step"] = c.step;
+    PyObject* d = r.ptr();
+    put(d, k.key, py::str(module.cast<std::string>() + "/" + state->names[static_cast<size_t>(c.name)] + "#" +
+                          std::to_string(c.ordinal)));
+    put(d, k.output, py::int_(o.output));
+    put(d, k.module, module);
+    put(d, k.op, op);
+    put(d, k.ordinal, py::int_(c.ordinal));
+    put(d, k.kind, k.kinds[c.kind]);
+    put(d, k.index, py::int_(base++));
+    put(d, k.input_shapes, shapes);
+    put(d, k.input_dtypes, dtypes);
+    put(d, k.shape, ints(o.shape.data(), o.shape.size()));
+    put(d, k.dtype, dtype_name(o.dtype));
+    put(d, k.tensor, py::none());
+    put(d, k.input_tensors, py::none());
+    put(d, k.stats, stats);
+    put(d, k.qparams, py::none());
+    put(d, k.step, py::int_(c.step));
     if (o.layout == 0) {
-      r["strides"] = none;
-      r["memory_format"] = none;
+      put(d, k.strides, py::none());
+      put(d, k.memory_format, py::none());
     } else {
-      py::list strides(o.strides.size());
-      for (size_t d = 0; d < o.strides.size(); ++d) strides[d] = py::int_(o.strides[d]);
-      r["strides"] = strides;
-      r["memory_format"] = formats[static_cast<size_t>(o.layout)];
+      put(d, k.strides, ints(o.strides.data(), o.strides.size()));
+      put(d, k.memory_format, k.formats[static_cast<size_t>(o.layout)]);
     }
-    out.append(r);
+    PyList_SET_ITEM(out.ptr(), at_out++, r.release().ptr());
   }
   state->outs.clear();
   state->calls.clear();
@@ -688,6 +779,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_state", &set_state, "recording on/off, the innermost module, the step");
   m.def("drain", &drain, "the records made since the last drain, as record dicts");
   m.def("counts", &counts, "skipped calls per op, ops seen, the write epoch, calls sent to Python");
+  m.def("record_module", &record_module, "a module's output tensors as a module record; False if Python must");
   m.def("row_of", &row_of, "the statistics row of an output that holds the same memory, or None");
   m.def("epoch", &epoch, "ops that wrote in place so far");
   m.def("scalar_type_of", &scalar_type_of, "a tensor's c10::ScalarType code");
