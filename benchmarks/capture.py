@@ -21,8 +21,13 @@ GPU and times wall clock with a ``torch.cuda.synchronize()`` at each reading (th
 asynchronous there); the statistics floor is then ``hooks.tensors.device_stats``'s throughput on
 the GPU. CPU and wall clock part at the ``aten`` level: its weights of 2 MB or more are
 fingerprinted on a background thread while the forward runs (``hooks.fingerprints.ParameterPrints``),
-which a spare core takes off the wall time but not off the process's CPU time. Goals (issue 14): llama-small summary <= 1.5x, full <= 2.5x,
-<= 10 us per op; llama-mid summary <= 1.2x, full <= plain + 1.2x a raw write.
+which a spare core takes off the wall time but not off the process's CPU time. At the ``aten`` level
+summary mode is timed under the compiled observer (``hooks/observer.py``, the default where it
+serves) and under the Python dispatch mode (``OPBAND_OBSERVER=0``), and once more with two forward
+passes in one capture: the second pass's extra time over a plain forward, per op, is the marginal
+per-op cost, free of what a capture pays once (entry, weight fingerprints, the bundle's write).
+Goals (issue 14): llama-small summary <= 1.5x, full <= 2.5x, <= 10 us per op; llama-mid summary
+<= 1.2x, full <= plain + 1.2x a raw write.
 """
 
 from __future__ import annotations
@@ -56,13 +61,50 @@ def _plain(clock: Callable[[], float], model: torch.nn.Module, x: torch.Tensor) 
     return clock() - t
 
 
-def _captured(clock: Callable[[], float], model: torch.nn.Module, x: torch.Tensor, path: Path,
-              **opts: object) -> tuple[float, int]:
+def _steady_allocator() -> bool:
+    """glibc's malloc hands large freed blocks back to the kernel (munmap, heap trim) and faults them
+    in again on the next allocation: kernel time that lands on whichever run comes next, 10 ms or more
+    on a 25 ms forward, in no fixed pattern. Keep freed memory in the process instead (the same for
+    the plain and the captured runs). False where this is not glibc."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
+        return all(libc.mallopt(opt, value) == 1 for opt, value in
+                   ((m_mmap_threshold, 1 << 30), (m_trim_threshold, 1 << 31), (m_top_pad, 256 << 20)))
+    except (OSError, AttributeError):
+        return False
+
+
+#: (the last forward's time, the exit's time) of each _captured call
+_PHASES: list[tuple[float, float]] = []
+
+
+def _captured(clock: Callable[[], float], model: torch.nn.Module, x: torch.Tensor, path: Path, engine: str = "",
+              forwards: int = 1, **opts: object) -> tuple[float, int]:
+    """Time one capture of ``forwards`` forward passes; ``engine`` "dispatch" sets OPBAND_OBSERVER=0
+    (the Python dispatch mode even where the compiled observer could serve)."""
     path.unlink(missing_ok=True)
-    t = clock()
-    with capture(model, path, progress=False, **opts):
-        model(x)
-    return clock() - t, path.stat().st_size
+    saved = os.environ.get("OPBAND_OBSERVER")
+    os.environ["OPBAND_OBSERVER"] = "0" if engine == "dispatch" else "1"
+    try:
+        t = clock()
+        with capture(model, path, progress=False, **opts):
+            for _ in range(forwards - 1):
+                model(x)
+            last = clock()
+            model(x)
+            exiting = clock()
+        took = clock() - t
+        _PHASES.append((exiting - last, clock() - exiting))
+    finally:
+        if saved is None:
+            os.environ.pop("OPBAND_OBSERVER")
+        else:
+            os.environ["OPBAND_OBSERVER"] = saved
+    return took, path.stat().st_size
 
 
 def _synchronized_clock(device: str) -> Callable[[], float]:
@@ -158,8 +200,15 @@ def main() -> None:
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="then profile N captures of the first level (cProfile, top 20 by own time)")
     ap.add_argument("--profile-mode", choices=("summary", "full"), default="summary", help="the mode --profile captures")
+    ap.add_argument("--modes", default="summary,full",
+                    help="comma-separated capture modes to time (full mode's large writes and frees disturb the "
+                         "page cache and the allocator for the captures after them: summary alone reads steadier)")
     ap.add_argument("--no-fingerprints", action="store_true", help="capture(fingerprints=False): no weight digests")
+    ap.add_argument("--malloc", choices=("steady", "default"), default="steady",
+                    help="steady: glibc keeps freed memory (see _steady_allocator); default: as the process starts")
     args = ap.parse_args()
+    if args.malloc == "steady" and not _steady_allocator():
+        args.malloc = "default (mallopt unavailable)"
     levels = args.levels.split(",")
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -170,18 +219,26 @@ def main() -> None:
         args.clock = "wall, synchronized"
         clock = _synchronized_clock(args.device)
     extra: dict[str, object] = {"fingerprints": False} if args.no_fingerprints else {}
-    configs = [(level, mode) for level in levels for mode in ("summary", "full")]
+    # (level, mode, engine, forwards): at the aten level summary mode runs under the compiled observer
+    # and under the dispatch mode, and under the observer with two forward passes in one capture
+    # (the second one's cost is the marginal per-op cost, free of the capture's fixed costs)
+    modes = args.modes.split(",")
+    configs = [(level, mode, "", 1) for level in levels for mode in modes]
+    if "aten" in levels and "summary" in modes:
+        configs += [("aten", "summary", "dispatch", 1), ("aten", "summary", "", 2)]
     times: dict[object, list[float]] = {c: [] for c in [*configs, "plain"]}
     ratios: dict[object, list[float]] = {c: [] for c in configs}
     nbytes: dict[str, int] = {}
     raw: dict[str, list[float]] = {level: [] for level in levels}
     shape: dict[str, tuple[int, int]] = {}
     ops: dict[str, int] = {}
+    phases: dict[object, list[tuple[float, float]]] = {}
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
         d = Path(tmp)
         _plain(clock, model, x)
         for level in levels:
             _captured(clock, model, x, d / "warm.bundle", level=level, mode="full", **extra)
+            _captured(clock, model, x, d / "warm.bundle", level=level, mode="summary", **extra)
             with capture(model, d / "count.bundle", progress=False, level=level, mode="summary", **extra) as cap:
                 model(x)
             ops[level] = cap._recorder.ops_seen
@@ -192,29 +249,40 @@ def main() -> None:
             plain = _plain(clock, model, x)
             times["plain"].append(plain)
             order = configs[r % len(configs):] + configs[: r % len(configs)]
-            for level, mode in order:
-                t, size = _captured(clock, model, x, d / f"{level}-{mode}.bundle", level=level, mode=mode, **extra)
-                times[(level, mode)].append(t)
-                ratios[(level, mode)].append(t / plain)
+            for config in order:
+                level, mode, engine, forwards = config
+                t, size = _captured(clock, model, x, d / f"{level}-{mode}.bundle", engine, forwards, level=level,
+                                    mode=mode, **extra)
+                times[config].append(t)
+                ratios[config].append(t / plain)
+                phases.setdefault(config, []).append(_PHASES[-1])
                 if mode == "full":
                     nbytes[level] = size
                     raw[level].append(_raw_write(clock, d / "raw.bin", size))
                 (d / f"{level}-{mode}.bundle").unlink()
                 _settle_disk()
     med = {k: statistics.median(v) for k, v in times.items()}
+    if os.environ.get("OPBAND_BENCH_DEBUG"):
+        for k, v in times.items():
+            print(k, [round(t * 1e3, 1) for t in v], [(round(f * 1e3, 1), round(e * 1e3, 1)) for f, e in phases.get(k, [])])
     goals = GOALS[args.model]
     if args.device != "cpu":
         print(f"on-device statistics: {os.environ.get('OPBAND_DEVICE_STATS') or 'triton (default)'}")
     print(f"model {args.model} on {args.device}: threads={torch.get_num_threads()} runs={args.runs} clock={args.clock} "
-          f"plain forward={med['plain'] * 1e3:.1f} ms (min {min(times['plain']) * 1e3:.1f}); "
+          f"malloc={args.malloc} plain forward={med['plain'] * 1e3:.1f} ms (min {min(times['plain']) * 1e3:.1f}); "
           f"statistics kernel {bandwidth / 1e9:.1f} GB/s")
-    print("level   mode     median ratio  ratio of medians  goal     bundle")
-    for level, mode in configs:
-        goal = goals[0] if mode == "summary" else goals[1]
+    engines = {"": "", "dispatch": " (dispatch mode)"}
+    print("level   mode                      median ratio  ratio of medians  goal     bundle")
+    for config in configs:
+        level, mode, engine, forwards = config
+        if forwards > 1:
+            continue
+        goal = goals[0] if mode == "summary" and not engine else goals[1] if mode == "full" else None
         size = f"{nbytes[level] / 1e6:,.1f} MB" if mode == "full" else ""
-        ratio, of_medians = statistics.median(ratios[(level, mode)]), med[(level, mode)] / med["plain"]
+        ratio, of_medians = statistics.median(ratios[config]), med[config] / med["plain"]
         goal_txt = f"<= {goal}x" if goal else "-"
-        print(f"{level:7s} {mode:8s} {ratio:9.2f}x {of_medians:14.2f}x      {goal_txt:8s} {size}")
+        label = mode + (engines[engine] if level == "aten" and mode == "summary" else "")
+        print(f"{level:7s} {label:25s} {ratio:9.2f}x {of_medians:14.2f}x      {goal_txt:8s} {size}")
     if prints is not None and not args.no_fingerprints:
         print(f"of every capture's time, parameter fingerprints (hooks.fingerprints: xxh3-128 digest, sum, L2, absmax "
               f"of every weight; capture(fingerprints=False) skips them): {prints * 1e3:.1f} ms = "
@@ -222,15 +290,31 @@ def main() -> None:
               "weights of 2 MB or more on a background thread during the forward: see --clock wall)")
     for level in levels:
         records, read = shape[level]
-        floor = read / bandwidth
-        extra = med[(level, "summary")] - med["plain"]
-        print(f"{level}: summary: {ops[level]:,} ops seen, {records:,} records, {read / 1e6:,.1f} MB of statistics "
-              f"reads (floor {floor * 1e3:.1f} ms) -> {(extra - floor) / max(ops[level], 1) * 1e6:.1f} us per op "
-              f"beyond the statistics' memory traffic ({extra / max(ops[level], 1) * 1e6:.1f} us in all)")
-        extra_full = med[(level, "full")] - med["plain"]
-        rw = statistics.median(raw[level])
-        print(f"{level}: full: {nbytes[level] / 1e6:,.0f} MB; capture costs plain + {extra_full / rw:.2f}x a raw "
-              f"sequential write of the same bytes ({nbytes[level] / rw / 1e6:,.0f} MB/s raw)")
+        if "summary" in modes:
+            floor = read / bandwidth
+            extra = med[(level, "summary", "", 1)] - med["plain"]
+            n_ops = max(ops[level], 1)
+            print(f"{level}: summary: {ops[level]:,} ops seen, {records:,} records, {read / 1e6:,.1f} MB of statistics "
+                  f"reads (floor {floor * 1e3:.1f} ms) -> {(extra - floor) / n_ops * 1e6:.1f} us per op "
+                  f"beyond the statistics' memory traffic ({extra / n_ops * 1e6:.1f} us in all, the capture's fixed "
+                  "costs spread over its ops)")
+            if level == "aten":
+                two = phases[("aten", "summary", "", 2)]
+                forward = statistics.median(f for f, _ in two) - med["plain"]
+                leaving = statistics.median(e for _, e in two) - statistics.median(e for _, e in phases[("aten", "summary", "", 1)])
+                marginal = forward + leaving
+                print(f"aten: summary: a second forward in the same capture costs plain + {forward * 1e3:.2f} ms while "
+                      f"it runs and {leaving * 1e3:.2f} ms more at the capture's exit (its {records:,} records) -> "
+                      f"{(marginal - floor) / n_ops * 1e6:.1f} us per op beyond the statistics' memory traffic "
+                      f"({marginal / n_ops * 1e6:.1f} us in all): the marginal per-op cost (goal <= 10 us)")
+                mode_extra = med[("aten", "summary", "dispatch", 1)] - med["plain"]
+                print(f"aten: summary under the dispatch mode (OPBAND_OBSERVER=0): {(mode_extra - floor) / n_ops * 1e6:.1f} "
+                      f"us per op beyond the statistics' memory traffic")
+        if "full" in modes:
+            extra_full = med[(level, "full", "", 1)] - med["plain"]
+            rw = statistics.median(raw[level])
+            print(f"{level}: full: {nbytes[level] / 1e6:,.0f} MB; capture costs plain + {extra_full / rw:.2f}x a raw "
+                  f"sequential write of the same bytes ({nbytes[level] / rw / 1e6:,.0f} MB/s raw)")
     if args.profile:
         _profile(model, x, levels[0], args.profile_mode, args.profile,
                  {"fingerprints": False} if args.no_fingerprints else {})
