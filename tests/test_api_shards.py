@@ -263,7 +263,9 @@ def _descendants(pid: int) -> list[int]:
 
 
 def test_killed_shard_is_retried_and_the_result_is_whole(service: Service) -> None:
-    ops = [SynthOp(f"model.layers.{i % 50}", shape=(16,), noise=1e-2 if i % 97 == 0 else 0.0) for i in range(6000)]
+    # shards of 12k records take about a second: the kill lands while the victim's job process is in one (with
+    # 3k, a fast machine finished the shard within the job process's 0.2 s watch of its worker, and nothing was retried)
+    ops = [SynthOp(f"model.layers.{i % 50}", shape=(16,), noise=1e-2 if i % 97 == 0 else 0.0) for i in range(24000)]
     ref, tgt = pair(service, "p", ops)
     expected_job = service.queue("p", ref, tgt)
     job = service.queue("p", ref, tgt, shards_asked=2)

@@ -21,6 +21,7 @@ from torch import nn
 
 import zoo
 from hooks import capture, observer
+from hooks.tensors import fast_leaves
 from hooks.variants import apply_variant
 
 Run = Callable[[capture], None]
@@ -79,6 +80,19 @@ def test_zoo_models_record_the_same(entry: zoo.Model, tmp_path: Path) -> None:
     mode, seen = _same_records(tmp_path, entry.name, model, lambda cap: model(**inputs))
     assert len(list(seen.records)) > 20
     assert seen._recorder.ops_seen == mode._recorder.ops_seen
+
+
+@pytest.mark.parametrize("name", ["llama", "resnet", "t5"])
+def test_the_observer_changes_no_bit_of_the_output(name: str, tmp_path: Path) -> None:
+    """It observes the dispatcher and never enters the call: the outputs are the uncaptured run's bits."""
+    model, inputs = zoo.BY_NAME[name].build()
+    with torch.no_grad():
+        plain = model(**inputs)
+        with capture(model, tmp_path / "o.bundle", mode="summary", progress=False) as cap:
+            seen = model(**inputs)
+    assert cap.engine == "observer"
+    for a, b in zip(fast_leaves(plain), fast_leaves(seen), strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
 
 
 @pytest.mark.parametrize("variant", ["bf16", "fp16", "int8"])
