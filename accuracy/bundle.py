@@ -299,13 +299,15 @@ class BundleWriter:
         """Append one record (spooled to a temporary file until :meth:`close`)."""
         self.add_records((record,))
 
-    def add_records(self, records: Iterable[Record]) -> None:
-        """Append records, in order (one spool write per 4096: a capture's exit writes all of its records)."""
+    def add_records(self, records: Iterable[Record | bytes]) -> None:
+        """Append records, in order (one spool write per 4096: a capture's exit writes all of its records);
+        ``bytes`` is a record's line as ``Record.model_dump_json(exclude_none=True)`` writes it."""
         if self._file is None:
             raise BundleError("bundle writer is closed")
         lines: list[bytes] = []
         for record in records:  # what model_dump_json(exclude_none=True) calls, without its Python wrapper
-            lines.append(record.__pydantic_serializer__.to_json(record, exclude_none=True))
+            # (or that line already: hooks.observer writes its records as pydantic would)
+            lines.append(record if type(record) is bytes else record.__pydantic_serializer__.to_json(record, exclude_none=True))
             if len(lines) == 4096:
                 self._spool_lines(lines)
         self._spool_lines(lines)

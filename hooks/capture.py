@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from accuracy.manifest import Fingerprints, Record
+from accuracy.manifest import Fingerprints, Record, parse_record
 from hooks import distributed
 from hooks.environment import environment
 from hooks.composites import faithful_composites
@@ -244,7 +244,8 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
     @property
     def records(self) -> Iterator[Record]:
         recs: list[Any] = self._recorder.records if self._recorder else []
-        return (r if isinstance(r, Record) else Record.model_construct(**r) for r in recs)  # dicts inside the block
+        return (r if isinstance(r, Record) else parse_record(r) if type(r) is bytes  # the observer's lines
+                else Record.model_construct(**r) for r in recs)  # dicts inside the block
 
 
 def _options_note(opts: CaptureOptions) -> dict[str, Any]:

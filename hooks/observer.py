@@ -142,7 +142,7 @@ class ObserverMode:
         """Move the observer's records into the recorder's list (before the recorder adds one itself)."""
         assert _observer is not None
         rec = self.rec
-        batch = _observer.drain(len(rec.records), _dtype_names())
+        batch = _observer.drain_lines(len(rec.records), _dtype_names())  # JSON lines, as the bundle stores them
         if batch:
             rec.records.extend(batch)
             rec.stats_of.extend([None] * len(batch))  # the rows are in the records already

@@ -358,6 +358,10 @@ class Recorder:
         fields = {"created_at": datetime.now(UTC).isoformat(timespec="seconds"), "run": run, "environment": env,
                   "skipped_ops": dict(sorted(self.skipped.items())), "diagnostics": self.diagnostics,
                   "fingerprints": fingerprints}
+        # hooks.observer's records come as their JSON lines already (bytes); the others are dicts
+        in_order = records if any(type(r) is bytes for r in records) else None
+        if in_order is not None:
+            records = [r for r in records if type(r) is not bytes]
         try:  # records this module built are models already; anything else is validated (pydantic-core)
             built = _built_records(records) if self.trusted else records
             manifest = Manifest.model_validate({**fields, "records": built})
@@ -367,7 +371,13 @@ class Recorder:
                 Record.model_construct(**{**r, "stats": Stats.model_construct(**r["stats"])
                                           if isinstance(r["stats"], dict) else r["stats"]})
                 for r in records])
-        self.records = manifest.records
+        if in_order is not None:  # the observer's lines and the others' models, in order, all written as lines
+            models = iter(manifest.records)
+            self.records = [r if type(r) is bytes else next(models) for r in in_order]
+            self.writer.add_records(self.records)
+            manifest.records = []
+        else:
+            self.records = manifest.records
         path = self.writer.close(manifest)
         self._progress(final=True)
         return path

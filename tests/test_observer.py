@@ -20,6 +20,8 @@ import torch
 from torch import nn
 
 import zoo
+from accuracy.bundle import Bundle
+from accuracy.manifest import Record
 from hooks import capture, observer
 from hooks.tensors import fast_leaves
 from hooks.variants import apply_variant
@@ -52,6 +54,12 @@ def _same_records(tmp_path: Path, name: str, model: nn.Module, run: Run, grad: b
         assert _equal(x, y), (x["key"], x, y)
     assert [d.message for d in mode._recorder.diagnostics] == [d.message for d in seen._recorder.diagnostics]
     assert observer.active() is None
+    lines = [r for r in seen._recorder.records if type(r) is bytes]
+    assert lines, "the observer wrote no record line"
+    for line in lines:  # pydantic's own bytes: the bundle reader's one-call fast path takes them
+        record = Record.model_validate_json(line)
+        assert record.__pydantic_serializer__.to_json(record, exclude_none=True) == line
+    assert _equal([r.model_dump() for r in Bundle.open(seen.bundle_path).records], b)  # type: ignore[arg-type]
     return mode, seen
 
 
@@ -64,6 +72,30 @@ def _equal(x: Any, y: Any) -> bool:
     if isinstance(x, list) and isinstance(y, list):
         return len(x) == len(y) and all(_equal(a, b) for a, b in zip(x, y, strict=True))
     return x == y
+
+
+def test_record_lines_write_floats_as_pydantic_does() -> None:
+    """Record lines come from C++; a float must read back as pydantic writes it, byte for byte, or the
+    bundle reader falls back to its slow strict path (and a number could change)."""
+    import struct
+
+    import numpy as np
+    from pydantic import BaseModel, ConfigDict
+
+    from hooks import _observer
+
+    class One(BaseModel):
+        model_config = ConfigDict(ser_json_inf_nan="strings")
+        v: float
+
+    rng = np.random.default_rng(0)
+    values = [0.0, -0.0, 1.0, -1.0, 0.1, 1e15, 1e16, 1e-5, 1e-4, 1.5e-7, 1e21, 5e-324, 2.2250738585072014e-308,
+              1.7976931348623157e308, math.nan, math.inf, -math.inf, 9007199254740993.0, 2 / 3, 100.0, 1234.5]
+    values += [float(v) for v in rng.standard_normal(5000) * 10.0 ** rng.integers(-30, 30, 5000)]
+    values += [struct.unpack("<d", rng.bytes(8))[0] for _ in range(5000)]
+    values += [float(np.float32(v)) for v in rng.standard_normal(5000) * 10.0 ** rng.integers(-20, 20, 5000)]
+    for v in values:
+        assert _observer.json_float(v) == One(v=v).model_dump_json()[5:-1], v
 
 
 def test_the_observer_is_built_for_this_torch() -> None:

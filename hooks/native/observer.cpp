@@ -18,6 +18,8 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 
 #include <algorithm>
+#include <charconv>
+#include <cstdio>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -739,6 +741,196 @@ py::list drain(int64_t base, py::dict dtype_names) {
   return out;
 }
 
+// -- the records as JSON lines, byte for byte what pydantic writes ---------------------------
+// (Record.__pydantic_serializer__.to_json(record, exclude_none=True): serde_json with ryu floats,
+// non-finite floats as the strings "NaN", "Infinity", "-Infinity"), so a bundle reader's fast path
+// (accuracy.manifest.parse_record) takes them as its own.
+
+void json_string(std::string& out, const std::string& s) {
+  out += '"';
+  for (const char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += ch;
+        }
+    }
+  }
+  out += '"';
+}
+
+// A double as pydantic writes it: the shortest round-trip digits, fixed notation for decimal
+// exponents in [-5, 16), "1e+20" / "1.5e-7" outside, ".0" on integral values.
+void json_float(std::string& out, double v) {
+  if (std::isnan(v)) {
+    out += "\"NaN\"";
+    return;
+  }
+  if (std::isinf(v)) {
+    out += v > 0 ? "\"Infinity\"" : "\"-Infinity\"";
+    return;
+  }
+  if (v == 0) {
+    out += std::signbit(v) ? "-0.0" : "0.0";
+    return;
+  }
+  char buf[64];
+  auto res = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::scientific);
+  std::string sci(buf, res.ptr);  // "-1.2345e+20": shortest digits
+  std::string digits;
+  size_t i = 0;
+  if (sci[0] == '-') {
+    out += '-';
+    i = 1;
+  }
+  const size_t e_at = sci.find('e');
+  for (size_t j = i; j < e_at; ++j)
+    if (sci[j] != '.') digits += sci[j];
+  const int exp10 = std::stoi(sci.substr(e_at + 1));
+  const int k = static_cast<int>(digits.size());
+  const int kk = exp10 + 1;  // the decimal point sits after kk digits
+  if (k <= kk && kk <= 16) {
+    out += digits;
+    out.append(static_cast<size_t>(kk - k), '0');
+    out += ".0";
+  } else if (0 < kk && kk <= 16) {
+    out += digits.substr(0, static_cast<size_t>(kk));
+    out += '.';
+    out += digits.substr(static_cast<size_t>(kk));
+  } else if (-5 < kk && kk <= 0) {
+    out += "0.";
+    out.append(static_cast<size_t>(-kk), '0');
+    out += digits;
+  } else {
+    out += digits[0];
+    if (k > 1) {
+      out += '.';
+      out += digits.substr(1);
+    }
+    out += kk - 1 > 0 ? "e+" : "e";
+    out += std::to_string(kk - 1);
+  }
+}
+
+void json_ints(std::string& out, const int64_t* values, size_t n) {
+  out += '[';
+  for (size_t i = 0; i < n; ++i) {
+    if (i) out += ',';
+    out += std::to_string(values[i]);
+  }
+  out += ']';
+}
+
+// The records made since the last drain as JSON lines (index from `base`); `dtype_names` by
+// c10::ScalarType code.
+py::list drain_lines(int64_t base, py::dict dtype_names) {
+  std::lock_guard<std::mutex> lock(records_lock);
+  py::list lines;
+  if (state == nullptr) return lines;
+  std::vector<std::string> dtype_of(64);
+  auto dtype_name = [&](int8_t code) -> const std::string& {
+    auto& slot = dtype_of.at(static_cast<size_t>(code));
+    if (slot.empty()) {
+      slot = "\"";
+      slot += dtype_names[py::int_(code)].cast<std::string>();
+      slot += '"';
+    }
+    return slot;
+  };
+  std::vector<std::string> module_json(state->module_names.size() + 1);
+  static const std::array<const char*, 2> kinds = {"\"aten\"", "\"module\""};
+  static const std::array<const char*, 4> formats = {"", "\"channels_last\"", "\"channels_last_3d\"", "\"strided\""};
+  static const std::array<const char*, kStatFields> stat = {"numel", "min", "max", "mean", "std", "l2", "absmax",
+                                                            "nan", "inf", "zeros"};
+  std::string line;
+  for (const Out& o : state->outs) {
+    const Call& c = state->calls[static_cast<size_t>(o.call)];
+    auto& module = module_json.at(static_cast<size_t>(c.module + 1));
+    if (module.empty()) json_string(module, c.module >= 0 ? state->module_names[static_cast<size_t>(c.module)].cast<std::string>() : "");
+    const std::string& op = state->names[static_cast<size_t>(c.name)];
+    const std::string bare_module = module.substr(1, module.size() - 2);  // escaped, unquoted
+    line.clear();
+    line += "{\"key\":\"";
+    line += bare_module;
+    line += '/';
+    line += op;  // op names are identifiers ("aten.mm", "forward")
+    line += '#';
+    line += std::to_string(c.ordinal);
+    line += "\",\"output\":";
+    line += std::to_string(o.output);
+    line += ",\"module\":";
+    line += module;
+    line += ",\"op\":\"";
+    line += op;
+    line += "\",\"ordinal\":";
+    line += std::to_string(c.ordinal);
+    line += ",\"kind\":";
+    line += kinds[static_cast<size_t>(c.kind)];
+    line += ",\"index\":";
+    line += std::to_string(base++);
+    line += ",\"input_shapes\":[";
+    size_t at = 0;
+    for (size_t i = 0; i < c.in_dims.size(); ++i) {
+      if (i) line += ',';
+      json_ints(line, c.in_sizes.data() + at, static_cast<size_t>(c.in_dims[i]));
+      at += static_cast<size_t>(c.in_dims[i]);
+    }
+    line += "],\"input_dtypes\":[";
+    for (size_t i = 0; i < c.in_dtypes.size(); ++i) {
+      if (i) line += ',';
+      line += dtype_name(c.in_dtypes[i]);
+    }
+    line += "],\"shape\":";
+    json_ints(line, o.shape.data(), o.shape.size());
+    line += ",\"dtype\":";
+    line += dtype_name(o.dtype);
+    if (o.has_row) {
+      const auto n = static_cast<int64_t>(o.row[0]);
+      line += ",\"stats\":{\"numel\":";
+      line += std::to_string(n);
+      for (int f = 1; f < kStatFields; ++f) {
+        line += ",\"";
+        line += stat[f];
+        line += "\":";
+        if (f >= 7) line += std::to_string(static_cast<int64_t>(o.row[f]));
+        else json_float(line, o.row[f]);
+      }
+      line += ",\"sample\":[";
+      const int64_t m = std::min<int64_t>(kSample, n);
+      for (int64_t j = 0; j < m; ++j) {
+        if (j) line += ',';
+        json_float(line, o.row[kStatFields + j]);
+      }
+      line += "]}";
+    }
+    line += ",\"step\":";
+    line += std::to_string(c.step);
+    if (o.layout != 0) {
+      line += ",\"strides\":";
+      json_ints(line, o.strides.data(), o.strides.size());
+      line += ",\"memory_format\":";
+      line += formats[static_cast<size_t>(o.layout)];
+    }
+    line += '}';
+    lines.append(py::bytes(line));
+  }
+  state->outs.clear();
+  state->calls.clear();
+  return lines;
+}
+
 py::dict counts() {
   py::dict d;
   if (state == nullptr) return d;
@@ -778,6 +970,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("stop", &stop, "remove it and forget its state");
   m.def("set_state", &set_state, "recording on/off, the innermost module, the step");
   m.def("drain", &drain, "the records made since the last drain, as record dicts");
+  m.def("json_float", [](double v) { std::string out; json_float(out, v); return out; },
+        "a float as the record lines write it (pydantic's, for the tests)");
+  m.def("drain_lines", &drain_lines, "the records made since the last drain, as pydantic's JSON lines");
   m.def("counts", &counts, "skipped calls per op, ops seen, the write epoch, calls sent to Python");
   m.def("record_module", &record_module, "a module's output tensors as a module record; False if Python must");
   m.def("row_of", &row_of, "the statistics row of an output that holds the same memory, or None");
