@@ -7,7 +7,9 @@ Every round runs, in a rotated order, with one torch thread, timed in CPU time:
 - ``plain``: the forward alone;
 - ``python mode``: the forward under a ``TorchDispatchMode`` that only calls the op (what opband's
   ``aten`` level pays before it does anything);
-- ``opband summary``: ``hooks.capture(level="aten", mode="summary")``;
+- ``opband summary``: ``hooks.capture(level="aten", mode="summary")``, which runs under opband's own
+  compiled observer (``hooks/observer.py``, built at install time);
+- ``opband summary (dispatch mode)``: the same with ``OPBAND_OBSERVER=0`` (the Python dispatch mode);
 - ``c++ observer``: a thread-local ``at::RecordFunction`` callback (the profiler's hook, compiled here
   with the system C++ compiler against torch's headers) that sees every dispatcher call with its
   outputs and only counts them;
@@ -17,7 +19,8 @@ Every round runs, in a rotated order, with one torch thread, timed in CPU time:
 It prints the medians as ratios to the plain forward and the cost per call seen (Python dispatch
 calls for the mode rows, dispatcher calls for the observer rows). The observer rows show what a
 compiled capture path could cost; they are skipped, saying why, where no compiler or headers are
-found. Nothing here is used by opband at run time.
+found. The observer compiled here is this script's own (the floor, counting only); opband's is
+``hooks/native/observer.cpp``.
 """
 
 from __future__ import annotations
@@ -163,12 +166,17 @@ def main() -> None:
                 model(x)
             seen["python dispatch calls"] = mode.calls
 
-        def summary() -> None:
-            with capture(model, folder / "summary.bundle", progress=False, level="aten", mode="summary"):
-                model(x)
+        def summary(engine: str) -> Callable[[], None]:
+            def run() -> None:
+                os.environ["OPBAND_OBSERVER"] = engine
+                with capture(model, folder / "summary.bundle", progress=False, level="aten", mode="summary"):
+                    model(x)
+                os.environ.pop("OPBAND_OBSERVER")
+            return run
 
         runs: dict[str, Callable[[], None]] = {"plain": lambda: model(x), "python mode": python_mode,
-                                               "opband summary": summary}
+                                               "opband summary": summary("1"),
+                                               "opband summary (dispatch mode)": summary("0")}
         if isinstance(lib, ctypes.CDLL):
             runs |= {"c++ observer": observed(0), "c++ observer + stats": observed(1)}
         else:
@@ -186,14 +194,15 @@ def main() -> None:
     med = {name: statistics.median(v) for name, v in times.items()}
     plain = med["plain"]
     per = {"python mode": "python dispatch calls", "opband summary": "python dispatch calls",
+           "opband summary (dispatch mode)": "python dispatch calls",
            "c++ observer": "dispatcher calls", "c++ observer + stats": "dispatcher calls"}
     print(f"model {args.model}: one thread, CPU time, median of {args.rounds} rounds; "
           + ", ".join(f"{v:,} {k}" for k, v in seen.items()))
-    print(f"{'':24s} {'median':>9s} {'ratio':>7s} {'per call seen':>14s}")
+    print(f"{'':32s} {'median':>9s} {'ratio':>7s} {'per call seen':>14s}")
     for name in names:
         calls = seen.get(per.get(name, ""), 0)
         cost = f"{(med[name] - plain) / calls * 1e6:9.2f} us" if calls else ""
-        print(f"{name:24s} {med[name] * 1e3:7.1f} ms {med[name] / plain:6.2f}x {cost:>14s}")
+        print(f"{name:32s} {med[name] * 1e3:7.1f} ms {med[name] / plain:6.2f}x {cost:>14s}")
 
 
 if __name__ == "__main__":

@@ -47,6 +47,10 @@ _ACTIVE: list[ObserverMode] = []
 
 _DTYPE_NAMES: dict[int, str] = {}
 
+#: the observer writes its record lines without validation: keys (module path, "/", op, "#", ordinal)
+#: stay under Record.key's 4096 characters when module paths stay under this
+_LONGEST_MODULE = 3584
+
 
 def _dtype_names() -> dict[int, str]:
     """c10::ScalarType code -> dtype name (``float32``, ``int64`` …), as records name dtypes."""
@@ -81,6 +85,9 @@ def why_not(opts: CaptureOptions, model: torch.nn.Module) -> str | None:
     if torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None or \
             torch._C._len_torch_dispatch_stack() > 0:
         return "a Python dispatch mode is active"
+    if any(len(name) > _LONGEST_MODULE for name, _ in model.named_modules()):
+        return (f"a module path is longer than {_LONGEST_MODULE} characters: record keys (at most 4096) are "
+                "validated on the dispatch mode's path")
     try:
         on_cpu = all(t.device.type == "cpu" for t in (*model.parameters(), *model.buffers()))
     except Exception:  # noqa: BLE001 - a model that cannot list its tensors keeps the dispatch mode
