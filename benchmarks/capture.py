@@ -61,23 +61,6 @@ def _plain(clock: Callable[[], float], model: torch.nn.Module, x: torch.Tensor) 
     return clock() - t
 
 
-def _steady_allocator() -> bool:
-    """glibc's malloc hands large freed blocks back to the kernel (munmap, heap trim) and faults them
-    in again on the next allocation: kernel time that lands on whichever run comes next, 10 ms or more
-    on a 25 ms forward, in no fixed pattern. Keep freed memory in the process instead (the same for
-    the plain and the captured runs). False where this is not glibc."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
-        return all(libc.mallopt(opt, value) == 1 for opt, value in
-                   ((m_mmap_threshold, 1 << 30), (m_trim_threshold, 1 << 31), (m_top_pad, 256 << 20)))
-    except (OSError, AttributeError):
-        return False
-
-
 #: (the last forward's time, the exit's time) of each _captured call
 _PHASES: list[tuple[float, float]] = []
 
@@ -205,9 +188,9 @@ def main() -> None:
                          "page cache and the allocator for the captures after them: summary alone reads steadier)")
     ap.add_argument("--no-fingerprints", action="store_true", help="capture(fingerprints=False): no weight digests")
     ap.add_argument("--malloc", choices=("steady", "default"), default="steady",
-                    help="steady: glibc keeps freed memory (see _steady_allocator); default: as the process starts")
+                    help="steady: glibc keeps freed memory (models.steady_allocator); default: as the process starts")
     args = ap.parse_args()
-    if args.malloc == "steady" and not _steady_allocator():
+    if args.malloc == "steady" and not models.steady_allocator():
         args.malloc = "default (mallopt unavailable)"
     levels = args.levels.split(",")
     if args.threads:

@@ -40,3 +40,20 @@ def build(name: str, seed: int = 0) -> tuple[torch.nn.Module, tuple[Any, ...]]:
     model = LlamaForCausalLM(cfg).eval()
     ids = torch.randint(0, cfg.vocab_size, (1, seq), generator=torch.Generator().manual_seed(seed))
     return model, (ids,)
+
+
+def steady_allocator() -> bool:
+    """glibc's malloc hands large freed blocks back to the kernel (munmap, heap trim) and faults them
+    in again on the next allocation: kernel time that lands on whichever run comes next, 10 ms or more
+    on a 25 ms forward, in no fixed pattern. Keep freed memory in the process instead (the same for
+    the plain and the captured runs). False where this is not glibc."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
+        return all(libc.mallopt(opt, value) == 1 for opt, value in
+                   ((m_mmap_threshold, 1 << 30), (m_trim_threshold, 1 << 31), (m_top_pad, 256 << 20)))
+    except (OSError, AttributeError):
+        return False
