@@ -14,12 +14,14 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode_stack
+
+from hooks import observer
 
 _GLOBAL_HOOKS = ("_global_forward_pre_hooks", "_global_forward_hooks", "_global_forward_hooks_always_called",
                  "_global_forward_hooks_with_kwargs", "_global_backward_pre_hooks", "_global_backward_hooks")
@@ -37,16 +39,17 @@ def default_blocks(model: nn.Module) -> list[str]:
 @contextmanager
 def capture_paused() -> Iterator[None]:
     """No global module hooks and no Python dispatch modes while the block runs (restored after)."""
-    for mode in _get_current_dispatch_mode_stack():  # a capture's background readers (tensor writes,
-        settle = getattr(mode, "before_unseen_ops", None)  # weight fingerprints) finish before ops it
-        if settle is not None:  # cannot see write into memory they read
+    seen = observer.active()  # the compiled observer (aten summary captures) is no dispatch mode
+    for mode in [*_get_current_dispatch_mode_stack(), *([seen] if seen is not None else [])]:
+        settle = getattr(mode, "before_unseen_ops", None)  # a capture's background readers (tensor writes,
+        if settle is not None:  # weight fingerprints) finish before ops it cannot see write into memory they read
             settle()
     mm = torch.nn.modules.module
     saved = {name: getattr(mm, name).copy() for name in _GLOBAL_HOOKS if hasattr(mm, name)}
     for name in saved:
         getattr(mm, name).clear()
     try:
-        with _disable_current_modes():
+        with _disable_current_modes(), seen.paused() if seen is not None else nullcontext():
             yield
     finally:
         for name, hooks in saved.items():

@@ -103,7 +103,6 @@ class ObserverMode:
         self.names = module_names
         self.index = {name: i for i, name in enumerate(module_names)}
         self.paused_depth = 0
-        self.escaped = 0
 
     def __enter__(self) -> ObserverMode:
         assert _observer is not None
@@ -129,7 +128,6 @@ class ObserverMode:
             counts = _observer.counts() if _observer is not None else {}
             rec.skipped.update(counts.get("skipped", {}))
             rec.ops_seen += counts.get("ops_seen", 0)
-            self.escaped = counts.get("escaped", 0)
         finally:
             rec.on_state = None
             rec.stats.lookup = None

@@ -288,3 +288,31 @@ def test_weights_written_in_place_are_fingerprinted_as_the_block_began(tmp_path:
         seen = _capture(tmp_path, "walk", model, run, "observer")
     assert seen._prints.parameters["weight"].sum == pytest.approx(float(before.double().sum()), rel=1e-6, abs=1e-3)
     assert seen.engine == "observer"
+
+
+def test_compiled_blocks_record_only_their_outputs_both_ways(tmp_path: Path) -> None:
+    """hooks.compiled's blocks run unobserved (the observer pauses as the dispatch mode is disabled):
+    each block's output is its module record, and the ops around the blocks are recorded."""
+    from hooks.compiled import compile_blocks
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ModuleList([nn.Linear(8, 8), nn.Linear(8, 8)]), nn.Linear(8, 2))
+    blocks = nn.ModuleList(model[1])
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inp, self.blocks, self.out = model[0], blocks, model[2]
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = torch.relu(self.inp(x))
+            for b in self.blocks:
+                x = b(x) * 2
+            return self.out(x)
+
+    net, _ = compile_blocks(Net(), backend="eager")
+    x = torch.randn(3, 8)
+    _, seen = _same_records(tmp_path, "compiled", net, lambda cap: net(x))
+    keys = [r.key for r in seen.records]
+    assert "blocks.0/forward#0" in keys and not any(k.startswith("blocks.0/aten.") for k in keys)
+    assert "/aten.relu#0" in keys and "/aten.mul#1" in keys

@@ -1,12 +1,13 @@
-// The aten level's compiled observer (hooks/observer.py): a thread-local at::RecordFunction
-// callback that sees every dispatcher call of the capturing thread, picks the calls a Python
-// TorchDispatchMode would see (the outermost call that is not decomposed by a
+// The aten level's compiled observer (hooks/observer.py, docs/capture.md): a thread-local
+// at::RecordFunction callback that sees every dispatcher call of the capturing thread, picks the
+// calls a Python TorchDispatchMode would see (the outermost call that is not decomposed by a
 // CompositeImplicitAutograd kernel), and records their outputs' statistics without entering
 // Python. The statistics come from accuracy.fused's numba kernel, called by address (a numba
-// cfunc), so a row is the one the Python path computes. Whatever this file does not handle natively
-// (a tensor subclass, a non-contiguous, quantized, integer or accelerator output, a
-// multi-threaded summary of a large tensor) goes to the Python recorder through `escape`, with the
-// same key; records are drained into the recorder's list in order (hooks/observer.py).
+// cfunc), so a row is the one the Python path computes; module outputs come from the Python
+// forward hooks (record_module). Whatever this file does not summarise itself (quantized, complex,
+// subclass, nested or accelerator tensors, a multi-threaded summary of a large tensor) goes to the
+// Python recorder through `escape`, under the same key. Records leave as the JSON lines pydantic
+// would write (drain_lines), in order with the recorder's own.
 //
 // Built at install time as hooks._observer (setup.py); nothing compiles at run time.
 
@@ -58,7 +59,6 @@ struct Call {  // one recorded op call (or module output): what its outputs' rec
   int kind;  // 0: an ATen op ("aten"), 1: a module's forward ("module")
   int64_t ordinal;
   int64_t step;
-  int64_t first_out;  // index into State::outs
   std::vector<int64_t> in_dims;   // per input tensor: its number of dimensions
   std::vector<int64_t> in_sizes;  // the input shapes, concatenated
   std::vector<int8_t> in_dtypes;
@@ -108,7 +108,6 @@ struct State {
   int64_t ops_seen = 0;
   bool settle_pending = false;
   bool skip_no_number = true;
-  int max_threads_serial = 1;
   int64_t parallel_min = 1 << 20;
   std::unordered_set<std::string> no_number;
   std::vector<std::string> names;
@@ -130,7 +129,7 @@ struct State {
 
 State* state = nullptr;
 // Guards the records and rows against a drain from another thread (global module hooks fire on any
-// thread). Never held while the GIL is taken: a thread holding the GIL may be waiting for it.
+// thread). The GIL is never taken while it is held: a thread holding the GIL may be waiting for it.
 std::mutex records_lock;
 thread_local int leaf_depth = 0;   // > 0 inside a recorded call: its inner calls are the kernel's
 struct Frame {
@@ -524,7 +523,7 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
     return;
   }
   std::lock_guard<std::mutex> lock(records_lock);
-  Call call{state->module, info.name, 0, ordinal, state->step, static_cast<int64_t>(state->outs.size()), {}, {}, {}};
+  Call call{state->module, info.name, 0, ordinal, state->step, {}, {}, {}};
   for (const at::Tensor& t : call_inputs) {
     call.in_dims.push_back(t.dim());
     call.in_sizes.insert(call.in_sizes.end(), t.sizes().begin(), t.sizes().end());
@@ -559,7 +558,7 @@ bool record_module(int module, const std::vector<at::Tensor>& outs, const std::v
   const uint64_t okey = (static_cast<uint64_t>(static_cast<uint32_t>(module)) << 32) | static_cast<uint32_t>(name);
   const int64_t ordinal = state->ordinals[okey]++;
   ++state->ops_seen;
-  Call call{module, name, 1, ordinal, state->step, static_cast<int64_t>(state->outs.size()), {}, {}, {}};
+  Call call{module, name, 1, ordinal, state->step, {}, {}, {}};
   for (const at::Tensor& t : ins) {
     call.in_dims.push_back(t.dim());
     call.in_sizes.insert(call.in_sizes.end(), t.sizes().begin(), t.sizes().end());
@@ -630,117 +629,6 @@ void set_state(bool on, int module, int64_t step) {
 }
 
 // The records made since the last drain, as Recorder._record_one's dicts (index from `base`).
-// Interned Python strings for the record dicts' keys (made once, with the GIL).
-struct Names {
-  std::array<py::object, kStatFields> stat;
-  py::object sample, key, output, module, op, ordinal, kind, index, input_shapes, input_dtypes, shape, dtype, tensor,
-      input_tensors, stats, qparams, step, strides, memory_format, empty;
-  std::array<py::object, 2> kinds;    // "aten", "module"
-  std::array<py::object, 4> formats;  // -, "channels_last", "channels_last_3d", "strided"
-};
-
-const Names& interned() {
-  static const Names* names = [] {
-    auto s = [](const char* text) { return py::reinterpret_steal<py::object>(PyUnicode_InternFromString(text)); };
-    auto* n = new Names();
-    const std::array<const char*, kStatFields> stat = {"numel", "min", "max", "mean", "std", "l2", "absmax",
-                                                       "nan", "inf", "zeros"};
-    for (int f = 0; f < kStatFields; ++f) n->stat[f] = s(stat[f]);
-    n->sample = s("sample"), n->key = s("key"), n->output = s("output"), n->module = s("module"), n->op = s("op");
-    n->ordinal = s("ordinal"), n->kind = s("kind"), n->index = s("index"), n->input_shapes = s("input_shapes");
-    n->input_dtypes = s("input_dtypes"), n->shape = s("shape"), n->dtype = s("dtype"), n->tensor = s("tensor");
-    n->input_tensors = s("input_tensors"), n->stats = s("stats"), n->qparams = s("qparams"), n->step = s("step");
-    n->strides = s("strides"), n->memory_format = s("memory_format"), n->empty = s("");
-    n->kinds = {s("aten"), s("module")};
-    n->formats = {s(""), s("channels_last"), s("channels_last_3d"), s("strided")};
-    return n;
-  }();
-  return *names;
-}
-
-void put(PyObject* dict, const py::object& key, py::object value) { PyDict_SetItem(dict, key.ptr(), value.ptr()); }
-
-py::list ints(const int64_t* values, size_t n) {
-  py::list l(n);
-  for (size_t i = 0; i < n; ++i) PyList_SET_ITEM(l.ptr(), i, PyLong_FromLongLong(values[i]));
-  return l;
-}
-
-// The records made since the last drain, as Recorder._record_one's dicts (index from `base`).
-py::list drain(int64_t base, py::dict dtype_names) {
-  std::lock_guard<std::mutex> lock(records_lock);
-  if (state == nullptr) return py::list();
-  const Names& k = interned();
-  std::vector<py::object> dtype_of(64);
-  auto dtype_name = [&](int8_t code) -> py::object {
-    auto& slot = dtype_of.at(static_cast<size_t>(code));
-    if (!slot) slot = dtype_names[py::int_(code)];
-    return slot;
-  };
-  std::vector<py::object> op_names(state->names.size());
-  py::list out(state->outs.size());
-  size_t at_out = 0;
-  for (const Out& o : state->outs) {
-    const Call& c = state->calls[static_cast<size_t>(o.call)];
-    py::list shapes(c.in_dims.size()), dtypes(c.in_dims.size());
-    size_t at = 0;
-    for (size_t i = 0; i < c.in_dims.size(); ++i) {
-      const auto dims = static_cast<size_t>(c.in_dims[i]);
-      PyList_SET_ITEM(shapes.ptr(), i, ints(c.in_sizes.data() + at, dims).release().ptr());
-      at += dims;
-      PyList_SET_ITEM(dtypes.ptr(), i, dtype_name(c.in_dtypes[i]).release().ptr());
-    }
-    py::object stats = py::none();
-    if (o.has_row) {
-      py::dict st;
-      const auto n = static_cast<int64_t>(o.row[0]);
-      put(st.ptr(), k.stat[0], py::int_(n));
-      for (int f = 1; f < kStatFields; ++f) {
-        if (f >= 7) put(st.ptr(), k.stat[f], py::int_(static_cast<int64_t>(o.row[f])));
-        else put(st.ptr(), k.stat[f], py::float_(o.row[f]));
-      }
-      const auto m = static_cast<size_t>(std::min<int64_t>(kSample, n));
-      py::list sample(m);
-      for (size_t j = 0; j < m; ++j) PyList_SET_ITEM(sample.ptr(), j, PyFloat_FromDouble(o.row[kStatFields + j]));
-      put(st.ptr(), k.sample, sample);
-      stats = st;
-    }
-    const py::object module = c.module >= 0 ? py::object(state->module_names.at(static_cast<size_t>(c.module))) : k.empty;
-    py::object& op = op_names[static_cast<size_t>(c.name)];
-    if (!op) op = py::str(state->names[static_cast<size_t>(c.name)]);
-    py::dict r;
-    PyObject* d = r.ptr();
-    put(d, k.key, py::str(module.cast<std::string>() + "/" + state->names[static_cast<size_t>(c.name)] + "#" +
-                          std::to_string(c.ordinal)));
-    put(d, k.output, py::int_(o.output));
-    put(d, k.module, module);
-    put(d, k.op, op);
-    put(d, k.ordinal, py::int_(c.ordinal));
-    put(d, k.kind, k.kinds[c.kind]);
-    put(d, k.index, py::int_(base++));
-    put(d, k.input_shapes, shapes);
-    put(d, k.input_dtypes, dtypes);
-    put(d, k.shape, ints(o.shape.data(), o.shape.size()));
-    put(d, k.dtype, dtype_name(o.dtype));
-    put(d, k.tensor, py::none());
-    put(d, k.input_tensors, py::none());
-    put(d, k.stats, stats);
-    put(d, k.qparams, py::none());
-    put(d, k.step, py::int_(c.step));
-    if (o.layout == 0) {
-      put(d, k.strides, py::none());
-      put(d, k.memory_format, py::none());
-    } else {
-      put(d, k.strides, ints(o.strides.data(), o.strides.size()));
-      put(d, k.memory_format, k.formats[static_cast<size_t>(o.layout)]);
-    }
-    PyList_SET_ITEM(out.ptr(), at_out++, r.release().ptr());
-  }
-  state->outs.clear();
-  state->calls.clear();
-  return out;
-}
-
 // -- the records as JSON lines, byte for byte what pydantic writes ---------------------------
 // (Record.__pydantic_serializer__.to_json(record, exclude_none=True): serde_json with ryu floats,
 // non-finite floats as the strings "NaN", "Infinity", "-Infinity"), so a bundle reader's fast path
@@ -969,7 +857,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("start", &start, "install the observer on this thread");
   m.def("stop", &stop, "remove it and forget its state");
   m.def("set_state", &set_state, "recording on/off, the innermost module, the step");
-  m.def("drain", &drain, "the records made since the last drain, as record dicts");
   m.def("json_float", [](double v) { std::string out; json_float(out, v); return out; },
         "a float as the record lines write it (pydantic's, for the tests)");
   m.def("drain_lines", &drain_lines, "the records made since the last drain, as pydantic's JSON lines");
