@@ -154,8 +154,10 @@ def capture(
             typer.echo(line)
     if "variant_coverage" in b.manifest.run:
         typer.echo("\n".join(describe(b.manifest.run["variant_coverage"])))
+    engine = b.manifest.run.get("engine")
     typer.echo(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, {len(b.records)} records, "
-               f"{sum(b.manifest.skipped_ops.values())} no-number ops skipped, {len(b.manifest.diagnostics)} diagnostics)")
+               f"{sum(b.manifest.skipped_ops.values())} no-number ops skipped, {len(b.manifest.diagnostics)} diagnostics"
+               + (f"; ops seen by the {engine}" if engine else "") + ")")
 
 
 @app.command()
