@@ -316,3 +316,16 @@ def test_compiled_blocks_record_only_their_outputs_both_ways(tmp_path: Path) -> 
     keys = [r.key for r in seen.records]
     assert "blocks.0/forward#0" in keys and not any(k.startswith("blocks.0/aten.") for k in keys)
     assert "/aten.relu#0" in keys and "/aten.mul#1" in keys
+
+
+def test_inference_mode_records_the_same(tmp_path: Path) -> None:
+    """Under torch.inference_mode tensors carry no autograd keys: the calls reach the Python key by
+    another route, and the observer still picks the same ones."""
+    model, inputs = zoo.BY_NAME["gpt2"].build()
+
+    def run(cap: capture) -> None:
+        with torch.inference_mode():
+            model(**inputs)
+
+    _, seen = _same_records(tmp_path, "inference", model, run)
+    assert len(list(seen.records)) > 20

@@ -46,6 +46,9 @@ struct OpInfo {
   int name = -1;         // index into State::names ("aten.mm", the overload packet)
   bool observed = false; // a dispatcher op (not a user scope)
   bool leaf = false;     // the Python mode would see it: not decomposed before the Python key
+  bool composite = false;  // hidden from the Python key when an autograd kernel runs first: decomposed by a
+                           // CompositeImplicitAutograd kernel, or a hand-written autograd kernel that never
+                           // calls below autograd
   bool skip = false;     // views, metadata, allocation: counted only
   bool mutates = false;  // writes into existing memory
   int64_t skipped = 0;   // calls counted as skipped
@@ -182,11 +185,12 @@ OpInfo classify(const at::RecordFunction& fn) {
   const auto& op_name = schema->operator_name();
   auto handle = c10::Dispatcher::singleton().findOp(op_name);
   // autograd kernels written by hand that never call below autograd (VariableTypeManual.cpp): the
-  // dispatch mode never sees these calls
+  // dispatch mode does not see these calls when autograd runs first
   static const std::unordered_set<std::string> autograd_only = {
       "aten::detach_", "aten::requires_grad_", "aten::retain_grad", "aten::retains_grad", "aten::_backward",
       "aten::set_data", "aten::data", "aten::is_leaf", "aten::output_nr", "aten::_version"};
-  info.leaf = !(handle && decomposed_before_python(*handle)) && autograd_only.count(op_name.name) == 0;
+  info.composite = (handle && decomposed_before_python(*handle)) || autograd_only.count(op_name.name) > 0;
+  info.leaf = !info.composite;
   std::string name = op_name.name;  // "aten::mm" -> "aten.mm", as str(OpOverload.overloadpacket)
   auto sep = name.find("::");
   if (sep != std::string::npos) name.replace(sep, 2, ".");
@@ -434,6 +438,20 @@ bool under_tracing() {
          TLS::get_mode(M::FUNCTIONAL).has_value();
 }
 
+// Whether the call's dispatch starts at an autograd key, whose CompositeImplicitAutograd entry
+// decomposes the op before the Python key: not under inference mode (autograd keys excluded), nor
+// for inference tensors or a factory call (no input carries an autograd key). Then the dispatch
+// mode sees the composite op itself, and so does the observer.
+bool autograd_runs_first(const at::RecordFunction& fn) {
+  c10::DispatchKeySet keys;  // the dispatcher's set: the inputs' keys, plus TLS included, minus TLS excluded
+  each_tensor(fn.inputs(), [&](const at::Tensor& t) {
+    if (t.defined()) keys = keys | t.key_set();
+    return true;
+  });
+  const auto& tls = c10::impl::tls_local_dispatch_key_set();
+  return ((keys | tls.included_) - tls.excluded_).has_any(c10::autograd_dispatch_keyset);
+}
+
 // Runs a Python callable with the GIL; its torch ops are not the model's (`inside`), and a Python
 // error never reaches the model's forward (the recorder turns its own failures into diagnostics).
 template <typename F>
@@ -459,7 +477,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     return nullptr;
   }
   OpInfo& info = info_of(fn);
-  if (!info.observed || !info.leaf) {
+  if (!info.observed || !(info.leaf || (info.composite && !autograd_runs_first(fn)))) {
     frames.push_back({nullptr, false});
     return nullptr;
   }
