@@ -1,16 +1,19 @@
 """The aten level's compiled path: summary captures on CPU without a Python call per op.
 
-A ``TorchDispatchMode`` costs 12-18 us of Python per dispatched call before it does anything, more
+A ``TorchDispatchMode`` costs 5-18 us of Python per dispatched call before it does anything, more
 than a small op itself. ``hooks._observer`` (``hooks/native/observer.cpp``, compiled when the package
 is installed, see ``setup.py``) is a thread-local ``at::RecordFunction`` callback instead: it picks
 the calls the dispatch mode would see (the outermost call that no ``CompositeImplicitAutograd``
-kernel decomposes first), counts views and metadata ops as skipped, numbers each call per module and
-op as the recorder does, and summarises each output with :mod:`accuracy.fused`'s statistics kernel,
-called by address, so a record is the one :class:`~hooks.modes.AtenMode` makes. The module hooks
-stay in Python: they tell the observer the innermost module and drain its records into the
-recorder's list before they add their own, which keeps the execution order. Any call with an output
-the observer does not summarise itself (not a contiguous CPU float tensor, a tensor subclass, a
-large tensor summarised by several threads) goes to the recorder in Python, under the same key.
+kernel decomposes before the Python key), counts views and metadata ops as skipped, numbers each
+call per module and op as the recorder does, and summarises each output with
+:mod:`accuracy.fused`'s statistics kernel, called by address, so a record is the one
+:class:`~hooks.modes.AtenMode` makes. The module hooks stay in Python (module attribution): they
+tell the observer the innermost module and hand it each module's output tensors
+(:meth:`ObserverMode.record_module`), which it records in order with the ops. Records leave the
+observer as the JSON lines the bundle stores (byte for byte what pydantic writes). Any call with an
+output the observer does not summarise itself (quantized, complex, a tensor subclass, an
+accelerator tensor, a large tensor summarised by several threads) goes to the recorder in Python,
+under the same key, after the observer's records so far were drained into the recorder's list.
 
 :func:`why_not` says when a capture cannot take this path; it then uses the dispatch mode, as it
 does for full mode, replay inputs, gradients, filters, accelerators and several ranks. Set
