@@ -243,7 +243,7 @@ class StatsBatch:
         ``original=None`` disables matching (the tensor was just written in place)."""
         if values.numel() == 0:
             return None
-        where = seen = None
+        where = seen = row = None
         if original is not None:
             t = values if original.dtype != values.dtype else original
             if self.epochs:
@@ -251,17 +251,15 @@ class StatsBatch:
                 hit = self._at.get(where) if where is not None else None
                 if hit is not None and hit[0] == self.epoch and self._unchanged(values, hit[1]):
                     return hit[1]
-                found = self.lookup(t) if self.lookup is not None and where is not None else None
-                if found is not None:
-                    self._rows.append(found)
-                    self._at.put(where, (self.epoch, len(self._rows) - 1), t)
-                    return len(self._rows) - 1
+                if self.lookup is not None and where is not None:
+                    row = self.lookup(t)  # summarised by the compiled observer, or None
             else:
                 seen = self._version_key(t)
                 prior = self._seen.get(seen[0]) if seen is not None else None
                 if seen is not None and prior is not None and prior[0]() is not None and prior[1] == seen[2]:
                     return prior[2]
-        row = host_stats(values) if values.is_cpu else device_stats(values)
+        if row is None:
+            row = host_stats(values) if values.is_cpu else device_stats(values)
         self._rows.append(row)
         slot = len(self._rows) - 1
         if where is not None:

@@ -45,7 +45,6 @@ using RowFn = void (*)(int64_t, int64_t, int64_t, int64_t, double, double*, int6
 struct OpInfo {
   int name = -1;         // index into State::names ("aten.mm", the overload packet)
   bool observed = false; // a dispatcher op (not a user scope)
-  bool leaf = false;     // the Python mode would see it: not decomposed before the Python key
   bool composite = false;  // hidden from the Python key when an autograd kernel runs first: decomposed by a
                            // CompositeImplicitAutograd kernel, or a hand-written autograd kernel that never
                            // calls below autograd
@@ -126,7 +125,6 @@ struct State {
   py::object settle;  // called (GIL held) before the first op that writes in place
   py::object escape;  // the Python recorder's path for an op this file does not summarise
   at::CallbackHandle handle = 0;
-  int64_t escaped = 0;
   std::unordered_map<Where, Seen, WhereHash> seen;  // rows since the last in-place write
 };
 
@@ -190,7 +188,6 @@ OpInfo classify(const at::RecordFunction& fn) {
       "aten::detach_", "aten::requires_grad_", "aten::retain_grad", "aten::retains_grad", "aten::_backward",
       "aten::set_data", "aten::data", "aten::is_leaf", "aten::output_nr", "aten::_version"};
   info.composite = (handle && decomposed_before_python(*handle)) || autograd_only.count(op_name.name) > 0;
-  info.leaf = !info.composite;
   std::string name = op_name.name;  // "aten::mm" -> "aten.mm", as str(OpOverload.overloadpacket)
   auto sep = name.find("::");
   if (sep != std::string::npos) name.replace(sep, 2, ".");
@@ -423,7 +420,6 @@ void escape(const at::RecordFunction& fn, const OpInfo& info, int64_t ordinal) {
   for (const auto& v : fn.outputs()) outs.push_back(torch::jit::toPyObject(v));
   for (const at::Tensor& t : call_inputs) ins.push_back(py::cast(t));
   py::object out = outs.size() == 1 ? outs[0] : py::object(py::tuple(as_list(outs)));
-  ++state->escaped;
   state->escape(state->module, state->names[info.name], ordinal, out, as_list(ins), info.mutates);
 }
 
@@ -477,7 +473,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     return nullptr;
   }
   OpInfo& info = info_of(fn);
-  if (!info.observed || !(info.leaf || (info.composite && !autograd_runs_first(fn)))) {
+  if (!info.observed || (info.composite && autograd_runs_first(fn))) {  // the dispatch mode would not see it
     frames.push_back({nullptr, false});
     return nullptr;
   }
@@ -859,8 +855,6 @@ py::dict counts() {
   }
   d["skipped"] = skipped;
   d["ops_seen"] = state->ops_seen;
-  d["epoch"] = state->epoch;
-  d["escaped"] = state->escaped;
   return d;
 }
 
@@ -878,7 +872,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("json_float", [](double v) { std::string out; json_float(out, v); return out; },
         "a float as the record lines write it (pydantic's, for the tests)");
   m.def("drain_lines", &drain_lines, "the records made since the last drain, as pydantic's JSON lines");
-  m.def("counts", &counts, "skipped calls per op, ops seen, the write epoch, calls sent to Python");
+  m.def("counts", &counts, "skipped calls per op, ops seen");
   m.def("record_module", &record_module, "a module's output tensors as a module record; False if Python must");
   m.def("row_of", &row_of, "the statistics row of an output that holds the same memory, or None");
   m.def("epoch", &epoch, "ops that wrote in place so far");
