@@ -11,7 +11,16 @@ ops, ``llama-mid`` ~100 ms, ``llama-tiny`` llama-small's ops on tensors of a few
 - the per-op fixed cost of summary mode: (summary - plain - statistics floor) / ops seen, where the
   floor is the bytes the statistics read divided by the statistics kernel's own throughput on one
   large buffer, measured in the same run;
-- full mode's extra time as a ratio to a raw sequential write of the same number of bytes.
+- full mode's extra time as a ratio to a raw sequential write of the same number of bytes, for the
+  whole process and for the capturing thread alone (the bundle's writer thread and the weight walk
+  run beside it: a spare core takes them off the wall time, not off the process's CPU time).
+
+Writes and page state (``--pages``): this VM returns free memory to its host (virtio free page
+reporting) and faults it back in on first touch, so a write into pages freed more than ~2 s ago
+costs 6-10x one into pages just freed (74 MB: 100-170 ms CPU vs 15 ms), in no fixed pattern. With
+``--pages recycled`` (default) every timed full capture and raw write comes right after an untimed
+write and delete of as many bytes, so both write into recycled pages, as on a machine without page
+reporting; ``--pages as-is`` times them as they come.
 
 ``--clock cpu`` (default) times the process's CPU time, which a busy shared machine disturbs far
 less than wall time (torch runs on ``--threads``, default 1, so the two agree on an idle machine);
@@ -61,8 +70,11 @@ def _plain(clock: Callable[[], float], model: torch.nn.Module, x: torch.Tensor) 
     return clock() - t
 
 
-#: (the last forward's time, the exit's time) of each _captured call
-_PHASES: list[tuple[float, float]] = []
+#: (the last forward's time, the exit's time, the capturing thread's CPU time) of each _captured call
+_PHASES: list[tuple[float, float, float]] = []
+
+#: when set, a file of this many bytes is written and deleted (untimed) before each timed write
+_RECYCLE: dict[str, Path | int] = {}
 
 
 def _captured(clock: Callable[[], float], model: torch.nn.Module, x: torch.Tensor, path: Path, engine: str = "",
@@ -72,7 +84,10 @@ def _captured(clock: Callable[[], float], model: torch.nn.Module, x: torch.Tenso
     path.unlink(missing_ok=True)
     saved = os.environ.get("OPBAND_OBSERVER")
     os.environ["OPBAND_OBSERVER"] = "0" if engine == "dispatch" else "1"
+    if opts.get("mode") == "full":
+        _recycle_pages()
     try:
+        thread = time.thread_time()
         t = clock()
         with capture(model, path, progress=False, **opts):
             for _ in range(forwards - 1):
@@ -81,7 +96,7 @@ def _captured(clock: Callable[[], float], model: torch.nn.Module, x: torch.Tenso
             model(x)
             exiting = clock()
         took = clock() - t
-        _PHASES.append((exiting - last, clock() - exiting))
+        _PHASES.append((exiting - last, clock() - exiting, time.thread_time() - thread))
     finally:
         if saved is None:
             os.environ.pop("OPBAND_OBSERVER")
@@ -109,17 +124,32 @@ def _settle_disk() -> None:
         os.sync()
 
 
-def _raw_write(clock: Callable[[], float], path: Path, nbytes: int, chunk: int = 16 << 20) -> float:
+def _write_file(path: Path, nbytes: int, chunk: int = 16 << 20) -> None:
     buf = memoryview(bytearray(os.urandom(1 << 20)) * (chunk >> 20))
-    path.unlink(missing_ok=True)
-    t = clock()
     with open(path, "wb") as f:
         left = nbytes
         while left > 0:
             n = min(left, chunk)
             f.write(buf[:n])
             left -= n
+
+
+def _raw_write(clock: Callable[[], float], path: Path, nbytes: int) -> float:
+    path.unlink(missing_ok=True)
+    _recycle_pages()
+    t = clock()
+    _write_file(path, nbytes)
     return clock() - t
+
+
+def _recycle_pages() -> None:
+    """With ``--pages recycled``: write and delete (untimed) as many bytes as the next timed write
+    writes, so that it writes into pages just freed (see the module docstring)."""
+    if _RECYCLE:
+        path, nbytes = Path(_RECYCLE["path"]), int(_RECYCLE["bytes"])
+        _write_file(path, nbytes)
+        os.sync()
+        path.unlink()
 
 
 def _stats_bandwidth(clock: Callable[[], float], device: str = "cpu") -> float:
@@ -187,6 +217,8 @@ def main() -> None:
                     help="comma-separated capture modes to time (full mode's large writes and frees disturb the "
                          "page cache and the allocator for the captures after them: summary alone reads steadier)")
     ap.add_argument("--no-fingerprints", action="store_true", help="capture(fingerprints=False): no weight digests")
+    ap.add_argument("--pages", choices=("recycled", "as-is"), default="recycled",
+                    help="recycled: each timed full capture and raw write writes into pages just freed (see above)")
     ap.add_argument("--malloc", choices=("steady", "default"), default="steady",
                     help="steady: glibc keeps freed memory (models.steady_allocator); default: as the process starts")
     args = ap.parse_args()
@@ -209,6 +241,8 @@ def main() -> None:
     configs = [(level, mode, "", 1) for level in levels for mode in modes]
     if "aten" in levels and "summary" in modes:
         configs += [("aten", "summary", "dispatch", 1), ("aten", "summary", "", 2)]
+    if "aten" in levels and "full" in modes:
+        configs += [("aten", "full", "dispatch", 1)]
     times: dict[object, list[float]] = {c: [] for c in [*configs, "plain"]}
     ratios: dict[object, list[float]] = {c: [] for c in configs}
     nbytes: dict[str, int] = {}
@@ -226,6 +260,10 @@ def main() -> None:
                 model(x)
             ops[level] = cap._recorder.ops_seen
             shape[level] = _summary_shape(d / "count.bundle")
+            if args.pages == "recycled" and "full" in modes:
+                _captured(clock, model, x, d / "size.bundle", level=level, mode="full", **extra)
+                _RECYCLE.update(path=d / "recycle.bin", bytes=max(int(_RECYCLE.get("bytes", 0)),
+                                                                  (d / "size.bundle").stat().st_size))
         bandwidth = _stats_bandwidth(clock, args.device)
         prints = _fingerprint_time(clock, model)
         for r in range(args.runs):
@@ -239,7 +277,7 @@ def main() -> None:
                 times[config].append(t)
                 ratios[config].append(t / plain)
                 phases.setdefault(config, []).append(_PHASES[-1])
-                if mode == "full":
+                if mode == "full" and not engine:
                     nbytes[level] = size
                     raw[level].append(_raw_write(clock, d / "raw.bin", size))
                 (d / f"{level}-{mode}.bundle").unlink()
@@ -247,7 +285,7 @@ def main() -> None:
     med = {k: statistics.median(v) for k, v in times.items()}
     if os.environ.get("OPBAND_BENCH_DEBUG"):
         for k, v in times.items():
-            print(k, [round(t * 1e3, 1) for t in v], [(round(f * 1e3, 1), round(e * 1e3, 1)) for f, e in phases.get(k, [])])
+            print(k, [round(t * 1e3, 1) for t in v], [tuple(round(p * 1e3, 1) for p in ph) for ph in phases.get(k, [])])
     goals = GOALS[args.model]
     if args.device != "cpu":
         print(f"on-device statistics: {os.environ.get('OPBAND_DEVICE_STATS') or 'triton (default)'}")
@@ -255,16 +293,18 @@ def main() -> None:
           f"malloc={args.malloc} plain forward={med['plain'] * 1e3:.1f} ms (min {min(times['plain']) * 1e3:.1f}); "
           f"statistics kernel {bandwidth / 1e9:.1f} GB/s")
     engines = {"": "", "dispatch": " (dispatch mode)"}
+    if "full" in modes:
+        print(f"full captures and raw writes write into {args.pages} pages (--pages)")
     print("level   mode                      median ratio  ratio of medians  goal     bundle")
     for config in configs:
         level, mode, engine, forwards = config
         if forwards > 1:
             continue
-        goal = goals[0] if mode == "summary" and not engine else goals[1] if mode == "full" else None
+        goal = goals[0] if mode == "summary" and not engine else goals[1] if mode == "full" and not engine else None
         size = f"{nbytes[level] / 1e6:,.1f} MB" if mode == "full" else ""
         ratio, of_medians = statistics.median(ratios[config]), med[config] / med["plain"]
         goal_txt = f"<= {goal}x" if goal else "-"
-        label = mode + (engines[engine] if level == "aten" and mode == "summary" else "")
+        label = mode + (engines[engine] if level == "aten" else "")
         print(f"{level:7s} {label:25s} {ratio:9.2f}x {of_medians:14.2f}x      {goal_txt:8s} {size}")
     if prints is not None and not args.no_fingerprints:
         print(f"of every capture's time, parameter fingerprints (hooks.fingerprints: xxh3-128 digest, sum, L2, absmax "
@@ -283,8 +323,8 @@ def main() -> None:
                   "costs spread over its ops)")
             if level == "aten":
                 two = phases[("aten", "summary", "", 2)]
-                forward = statistics.median(f for f, _ in two) - med["plain"]
-                leaving = statistics.median(e for _, e in two) - statistics.median(e for _, e in phases[("aten", "summary", "", 1)])
+                forward = statistics.median(p[0] for p in two) - med["plain"]
+                leaving = statistics.median(p[1] for p in two) - statistics.median(p[1] for p in phases[("aten", "summary", "", 1)])
                 marginal = forward + leaving
                 print(f"aten: summary: a second forward in the same capture costs plain + {forward * 1e3:.2f} ms while "
                       f"it runs and {leaving * 1e3:.2f} ms more at the capture's exit (its {records:,} records) -> "
@@ -294,10 +334,17 @@ def main() -> None:
                 print(f"aten: summary under the dispatch mode (OPBAND_OBSERVER=0): {(mode_extra - floor) / n_ops * 1e6:.1f} "
                       f"us per op beyond the statistics' memory traffic")
         if "full" in modes:
-            extra_full = med[(level, "full", "", 1)] - med["plain"]
             rw = statistics.median(raw[level])
-            print(f"{level}: full: {nbytes[level] / 1e6:,.0f} MB; capture costs plain + {extra_full / rw:.2f}x a raw "
-                  f"sequential write of the same bytes ({nbytes[level] / rw / 1e6:,.0f} MB/s raw)")
+            print(f"{level}: full: {nbytes[level] / 1e6:,.0f} MB; a raw sequential write of the same bytes takes "
+                  f"{rw * 1e3:.1f} ms ({nbytes[level] / rw / 1e6:,.0f} MB/s)")
+            for engine in ("", "dispatch") if level == "aten" else ("",):
+                config = (level, "full", engine, 1)
+                extra_full = med[config] - med["plain"]
+                own = statistics.median(p[2] for p in phases[config]) - med["plain"]
+                name = "the dispatch mode" if engine else "the observer" if level == "aten" else "module hooks"
+                print(f"{level}: full under {name}: capture costs plain + {extra_full / rw:.2f}x the raw write; "
+                      f"the capturing thread alone plain + {own / rw:.2f}x (CPU; the writer thread and the weight "
+                      "walk run beside it)")
     if args.profile:
         _profile(model, x, levels[0], args.profile_mode, args.profile,
                  {"fingerprints": False} if args.no_fingerprints else {})

@@ -1,4 +1,4 @@
-"""The aten level's compiled path: summary captures on CPU without a Python call per op.
+"""The aten level's compiled path: summary and full captures on CPU without a Python call per op.
 
 A ``TorchDispatchMode`` costs 5-18 us of Python per dispatched call before it does anything, more
 than a small op itself. ``hooks._observer`` (``hooks/native/observer.cpp``, compiled when the package
@@ -14,6 +14,14 @@ observer as the JSON lines the bundle stores (byte for byte what pydantic writes
 output the observer does not summarise itself (quantized, complex, a tensor subclass, an
 accelerator tensor, a large tensor summarised by several threads) goes to the recorder in Python,
 under the same key, after the observer's records so far were drained into the recorder's list.
+
+In full mode the observer also decides, by the recorder's rules (``Recorder._store``), which tensor
+each record names: the same tensor at the same version, or a tensor stored from the same memory whose
+statistics row the output reuses (a module output that is its last op's output, reshaped or not), is
+stored once. It queues the others (contiguous, as bytes) until Python hands them to the bundle's
+writer thread: at each module's forward hook, before any op that writes in place (after which the
+writer has finished reading what it was given: the dispatch mode's rule), before ops the capture
+does not see, when 16 MB are queued, and at the end.
 
 :func:`why_not` says when a capture cannot take this path; it then uses the dispatch mode, as it
 does for full mode, replay inputs, gradients, filters, accelerators and several ranks. Set
@@ -31,7 +39,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from accuracy import fused
-from hooks.tensors import NO_NUMBER_OPS, SAMPLE_SIZE, STAT_FIELDS, fast_leaves
+from accuracy.manifest import Record
+from hooks.tensors import NO_NUMBER_OPS, SAMPLE_SIZE, STAT_FIELDS, dtype_tag, fast_leaves
 
 if TYPE_CHECKING:
     from hooks.capture import CaptureOptions
@@ -49,6 +58,10 @@ else:
 _ACTIVE: list[ObserverMode] = []
 
 _DTYPE_NAMES: dict[int, str] = {}
+_DTYPE_TAGS: dict[int, str] = {}
+
+#: full mode: Python takes the queued tensors at once when this many bytes wait (bounded memory)
+HAND_BYTES = 16 << 20
 
 #: the observer writes its record lines without validation: keys (module path, "/", op, "#", ordinal)
 #: stay under Record.key's 4096 characters when module paths stay under this
@@ -66,6 +79,9 @@ def _dtype_names() -> dict[int, str]:
                 except (RuntimeError, TypeError):  # dtypes without tensors of their own (bits, sub-byte)
                     continue
                 _DTYPE_NAMES[code] = str(d).removeprefix("torch.")
+                tag = dtype_tag(d)
+                if tag is not None:
+                    _DTYPE_TAGS[code] = tag
     return _DTYPE_NAMES
 
 
@@ -77,8 +93,10 @@ def why_not(opts: CaptureOptions, model: torch.nn.Module) -> str | None:
         return _MISSING
     if _observer.TORCH_VERSION != torch.__version__:
         return f"hooks._observer was built for torch {_observer.TORCH_VERSION}, this is {torch.__version__}: reinstall opband"
-    if opts.level != "aten" or opts.mode != "summary":
-        return "the observer serves summary captures at the aten level"
+    if opts.level != "aten":
+        return "the observer serves the aten level"
+    if opts.mode == "full" and opts.max_bytes is not None:
+        return "a byte budget (max_bytes) takes the dispatch mode"
     if opts.inputs or opts.backward or opts.modules or opts.ops:
         return "replay inputs, gradients and module/op filters take the dispatch mode"
     if _ACTIVE:
@@ -106,6 +124,7 @@ class ObserverMode:
         self.names = module_names
         self.index = {name: i for i, name in enumerate(module_names)}
         self.paused_depth = 0
+        self.unwritten: set[str] = set()  # full mode: tensors stored here that could not be written
 
     def __enter__(self) -> ObserverMode:
         assert _observer is not None
@@ -116,11 +135,13 @@ class ObserverMode:
             "skip_no_number_ops": rec.opts.skip_no_number_ops, "no_number_ops": sorted(NO_NUMBER_OPS),
             "row_functions": fused.row_cfunc_addresses(), "cancel": [fused.CANCEL[n] for n in names],
             "parallel_min": fused.PARALLEL_MIN, "module_names": self.names,
-            "settle": rec.settle_background, "escape": self._escape,
+            "settle": self._settle, "escape": self._escape,
+            "full": rec.opts.mode == "full", "hand_over": self._hand_over, "hand_bytes": HAND_BYTES,
         })
         _ACTIVE.append(self)
         rec.on_state = self.sync
         rec.stats.lookup = _observer.row_of  # a module output that aliases an op's output reuses its row
+        rec.observed_name = self._stored_name  # … and names the tensor stored for it (full mode)
         self.sync()
         return self
 
@@ -134,6 +155,7 @@ class ObserverMode:
         finally:
             rec.on_state = None
             rec.stats.lookup = None
+            rec.observed_name = None
             _ACTIVE.remove(self)
             if _observer is not None:
                 _observer.stop()
@@ -147,10 +169,14 @@ class ObserverMode:
         _observer.set_state(rec.active and not rec.busy and not self.paused_depth, module, rec.step)
 
     def drain(self) -> None:
-        """Move the observer's records into the recorder's list (before the recorder adds one itself)."""
+        """Move the observer's records into the recorder's list (before the recorder adds one itself),
+        and its queued tensors to the bundle writer."""
         assert _observer is not None
         rec = self.rec
+        self._hand_over()
         batch = _observer.drain_lines(len(rec.records), _dtype_names())  # JSON lines, as the bundle stores them
+        if self.unwritten:  # no record names a tensor the bundle does not hold
+            batch = [self._unnamed(line) for line in batch]
         if batch:
             rec.records.extend(batch)
             rec.stats_of.extend([None] * len(batch))  # the rows are in the records already
@@ -170,6 +196,7 @@ class ObserverMode:
             outs = [output] if type(output) is torch.Tensor else fast_leaves(output)
             if all(type(t) is torch.Tensor for t in outs) and _observer is not None and \
                     _observer.record_module(self.index[name], outs, fast_leaves(args), inner):
+                self._hand_over()
                 return True
         except Exception:  # noqa: BLE001, S110 - the recorder's path says what is wrong with this output
             pass
@@ -192,7 +219,42 @@ class ObserverMode:
     def before_unseen_ops(self) -> None:
         """Ops the observer must not record are about to run (a compiled block): background readers
         of the model's memory finish first, as before an in-place op."""
+        self._settle()
+
+    def _settle(self) -> None:
+        """Before an op writes in place (called by the observer) or unseen ops run: the queued tensors
+        go to the writer, and background readers of the model's memory (the weight walk, the writer)
+        finish."""
+        self._hand_over()
         self.rec.settle_background()
+
+    def _hand_over(self) -> None:
+        """Full mode: the tensors the observer queued go to the bundle writer (``Recorder.write_stored``);
+        one that fails is a diagnostic, and the records naming it keep their statistics only."""
+        assert _observer is not None
+        rec = self.rec
+        for name, code, shape, data in _observer.take_writes():
+            try:
+                written = rec.write_stored(name, _DTYPE_TAGS[code], shape, data)
+            except Exception as e:  # noqa: BLE001 - capture must never break the user's run
+                rec.diagnose(name, f"storing the tensor failed: {type(e).__name__}: {e}")
+                written = False
+            if not written:
+                self.unwritten.add(name)
+
+    def _stored_name(self, t: torch.Tensor, share: bool) -> str | None:
+        """For the recorder's Python path: the tensor the observer stored that ``t`` is (or aliases)."""
+        assert _observer is not None
+        name = _observer.stored_name(t, share)
+        return None if name in self.unwritten else name
+
+    def _unnamed(self, line: bytes) -> bytes:
+        """A record line without its tensor when that tensor was not written."""
+        record = Record.model_validate_json(line)
+        if record.tensor not in self.unwritten:
+            return line
+        unnamed = record.model_copy(update={"tensor": None})
+        return unnamed.__pydantic_serializer__.to_json(unnamed, exclude_none=True)
 
     @contextmanager
     def paused(self) -> Iterator[None]:

@@ -95,6 +95,8 @@ class Recorder:
         # seen); off with ``inputs``, whose names must keep each input's own shape for replay.
         self.by_storage = StorageMap()  # (*storage_key, tag) -> (epoch, tensor name, statistics slot)
         self._share_views = opts.level == "aten" and not opts.inputs
+        # set by hooks.observer in full mode: the name of a tensor it stored that an output is (or aliases)
+        self.observed_name: Callable[[torch.Tensor, bool], str | None] | None = None
         self._full = opts.mode == "full"
         self.step = 0
         # told when ``active`` or ``busy`` changes (hooks.observer keeps its compiled state in step)
@@ -274,6 +276,10 @@ class Recorder:
         prior = self.stored.get(id(t)) if reuse and version is not None else None
         if prior is not None and prior[0]() is t and prior[1] == version:
             return prior[2]
+        if reuse and self.observed_name is not None:  # stored by the compiled observer (hooks.observer)?
+            name = self.observed_name(t, share and slot is not None)
+            if name is not None:
+                return name
         data = payload.tensor
         key = storage_key(data) if share and data.device.type == "cpu" else None
         where = (*key, payload.tag) if key is not None else None
@@ -291,10 +297,7 @@ class Recorder:
         self.tensor_bytes += nbytes
         if self.write_through(data):  # the file write is the copy: no clone, no buffer
             host = data.contiguous()
-            try:
-                self.writer.add(rec_id, payload.tag, tuple(host.shape), host.reshape(-1).numpy().data)
-            except WriteFailed as e:  # the thread's earlier failure, not this tensor's
-                self._write_failed(e)
+            if not self._write_host(rec_id, payload.tag, tuple(host.shape), host.reshape(-1)):
                 return None
         else:
             self.pending.append((rec_id, devices.copy_to_host(data), payload.tag))
@@ -306,6 +309,25 @@ class Recorder:
         if self.pending_bytes and self.pending_bytes + self.writer.unwritten_bytes >= self.opts.buffer_bytes:
             self.flush()  # host copies and what the writer thread still holds share the buffer
         return rec_id
+
+    def write_stored(self, name: str, tag: str, shape: tuple[int, ...], data: torch.Tensor) -> bool:
+        """A tensor the compiled observer (hooks.observer, full mode) stored under ``name``: its values
+        as flat contiguous uint8, written as :meth:`_store` writes a CPU tensor; False when it was not
+        written (after a failed write nothing more is, and closing the bundle raises the error)."""
+        if self.write_error is not None:
+            return False
+        self.tensor_bytes += data.numel()
+        return self._write_host(name, tag, shape, data)
+
+    def _write_host(self, name: str, tag: str, shape: tuple[int, ...], flat: torch.Tensor) -> bool:
+        """Hand a flat contiguous CPU tensor to the writer (its memory is read later: see
+        :meth:`settle_background`); False when the writer thread failed earlier."""
+        try:
+            self.writer.add(name, tag, shape, flat.numpy().data)
+        except WriteFailed as e:  # the thread's earlier failure, not this tensor's
+            self._write_failed(e)
+            return False
+        return True
 
     @staticmethod
     def write_through(data: torch.Tensor) -> bool:

@@ -48,6 +48,11 @@ SAMPLE_SIZE = 16
 STAT_FIELDS = ("numel", "min", "max", "mean", "std", "l2", "absmax", "nan", "inf", "zeros")
 
 
+def dtype_tag(dtype: torch.dtype) -> str | None:
+    """The bundle's dtype tag a tensor of ``dtype`` is stored under as it is (``F32``, ``BF16`` …), or None."""
+    return _TAGS.get(dtype)
+
+
 def version_of(t: torch.Tensor) -> int | None:
     """The tensor's version counter, or None when it has none (inference tensors): no matching."""
     if t.is_inference():

@@ -159,12 +159,41 @@ def test_failing_recorder_becomes_diagnostic(tmp_path: Path, monkeypatch: pytest
     def boom(*a: object, **k: object) -> None:
         raise RuntimeError("disk on fire")
 
+    monkeypatch.setenv("OPBAND_OBSERVER", "0")  # the dispatch mode's recorder (the observer's: below)
     monkeypatch.setattr(recorder, "plain_payload", boom)  # the plain-tensor fast path
     monkeypatch.setattr(recorder, "stored_payload", boom)
     x = torch.ones(3)
     out, b = _capture(tmp_path, lambda x: x * 2, x)
     assert torch.equal(out, x * 2)
     assert not b.records
+    assert any("disk on fire" in d.message for d in b.manifest.diagnostics)
+
+
+def test_failing_tensor_store_under_the_observer_keeps_the_statistics(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Full mode under the compiled observer: a tensor the recorder fails to store is a diagnostic, and
+    the records that would name it (the op's and the module output that is the same tensor) keep their
+    statistics; the others are stored, and the bundle opens."""
+    from hooks.recorder import Recorder
+
+    real = Recorder.write_stored
+
+    def flaky(self: Recorder, name: str, *rest: object) -> bool:
+        if name == "/aten.mul#0":
+            raise RuntimeError("disk on fire")
+        return real(self, name, *rest)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Recorder, "write_stored", flaky)
+    x = torch.ones(3)
+    model = Fn(lambda x: (x * 2).exp())
+    with torch.no_grad(), capture(model, tmp_path / "b.bundle", progress=False) as cap:
+        model(x)
+    assert cap.engine == "observer" and cap.bundle_path is not None
+    b = Bundle.open(cap.bundle_path)
+    records = _by_id(b)
+    assert records["/aten.mul#0"].tensor is None and records["/aten.mul#0"].stats is not None
+    assert records["/aten.exp#0"].tensor == "/aten.exp#0" == records["/forward#0"].tensor
+    assert torch.equal(torch.from_numpy(b.values("/aten.exp#0").copy()), (x * 2).exp())
     assert any("disk on fire" in d.message for d in b.manifest.diagnostics)
 
 
@@ -233,6 +262,7 @@ def test_failure_before_the_op_still_runs_the_op(tmp_path: Path, monkeypatch: py
     def boom(self: object, module: str, op: str) -> tuple[str, int]:
         raise KeyError("no keys today")
 
+    monkeypatch.setenv("OPBAND_OBSERVER", "0")  # the dispatch mode keys each op in Python
     monkeypatch.setattr(recorder.Recorder, "next_key", boom)
     x = torch.arange(4.0)
     out, b = _capture(tmp_path, lambda x: (x * 3).sum(), x)

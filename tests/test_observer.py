@@ -1,9 +1,10 @@
 """The compiled observer (hooks._observer) records what the dispatch mode records.
 
-Every test captures the same run twice, at the aten level in summary mode: once through the Python
+Every test captures the same run twice, at the aten level: once through the Python
 ``TorchDispatchMode`` (``OPBAND_OBSERVER=0``) and once through the compiled ``at::RecordFunction``
 observer, and asks for identical records: keys, order, input shapes and dtypes, output shapes,
-dtypes and statistics, bit for bit. The zoo's architectures, low-precision and int8 variants, a
+dtypes and statistics, bit for bit; in full mode also the same stored tensors (names, dtypes, shapes,
+bytes) named by the same records. The zoo's architectures, low-precision and int8 variants, a
 training step with a backward pass, channels-last convolutions, integer and boolean outputs,
 in-place writes and selected steps are covered; the views counted as skipped may differ (see
 docs/capture.md)."""
@@ -33,9 +34,10 @@ def _capture(tmp_path: Path, name: str, model: nn.Module, run: Run, engine: str,
              **options: Any) -> capture:
     mp = pytest.MonkeyPatch()
     mp.setenv("OPBAND_OBSERVER", "1" if engine == "observer" else "0")
+    options.setdefault("mode", "summary")
     try:
         with torch.set_grad_enabled(grad), capture(model, tmp_path / f"{name}-{engine}.bundle", level="aten",
-                                                   mode="summary", progress=False, **options) as cap:
+                                                   progress=False, **options) as cap:
             run(cap)
     finally:
         mp.undo()
@@ -51,7 +53,7 @@ def _same_records(tmp_path: Path, name: str, model: nn.Module, run: Run, grad: b
     a, b = [r.model_dump() for r in mode.records], [r.model_dump() for r in seen.records]
     assert [r["key"] for r in a] == [r["key"] for r in b]
     for x, y in zip(a, b, strict=True):
-        assert _equal(x, y), (x["key"], x, y)
+        assert _equal(x, y), (x["key"], {k: (x[k], y[k]) for k in x if not _equal(x[k], y[k])})
     assert [d.message for d in mode._recorder.diagnostics] == [d.message for d in seen._recorder.diagnostics]
     assert observer.active() is None
     lines = [r for r in seen._recorder.records if type(r) is bytes]
@@ -60,7 +62,19 @@ def _same_records(tmp_path: Path, name: str, model: nn.Module, run: Run, grad: b
         record = Record.model_validate_json(line)
         assert record.__pydantic_serializer__.to_json(record, exclude_none=True) == line
     assert _equal([r.model_dump() for r in Bundle.open(seen.bundle_path).records], b)  # type: ignore[arg-type]
+    if options.get("mode") == "full":
+        _same_tensors(Bundle.open(mode.bundle_path), Bundle.open(seen.bundle_path))
     return mode, seen
+
+
+def _same_tensors(a: Bundle, b: Bundle) -> None:
+    """The same tensors stored under the same names: dtype, shape and bytes."""
+    assert sorted(a.tensors) == sorted(b.tensors)
+    assert any(r.tensor is not None for r in b.records), "full mode stored no tensor"
+    for name in a.tensors:
+        x, y = a.tensors[name], b.tensors[name]
+        assert (x.dtype, x.shape) == (y.dtype, y.shape), name
+        assert a.raw(name).tobytes() == b.raw(name).tobytes(), name
 
 
 def _equal(x: Any, y: Any) -> bool:
@@ -106,10 +120,11 @@ def test_the_observer_is_built_for_this_torch() -> None:
     assert observer.why_not(capture(nn.Identity(), "unused.bundle", mode="summary").options, nn.Identity()) is None
 
 
+@pytest.mark.parametrize("mode", ["summary", "full"])
 @pytest.mark.parametrize("entry", zoo.MODELS, ids=lambda m: m.name)
-def test_zoo_models_record_the_same(entry: zoo.Model, tmp_path: Path) -> None:
+def test_zoo_models_record_the_same(entry: zoo.Model, mode: str, tmp_path: Path) -> None:
     model, inputs = entry.build()
-    mode, seen = _same_records(tmp_path, entry.name, model, lambda cap: model(**inputs))
+    mode, seen = _same_records(tmp_path, entry.name, model, lambda cap: model(**inputs), mode=mode)
     assert len(list(seen.records)) > 20
     assert seen._recorder.ops_seen == mode._recorder.ops_seen
 
@@ -127,18 +142,20 @@ def test_the_observer_changes_no_bit_of_the_output(name: str, tmp_path: Path) ->
         assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
 
 
+@pytest.mark.parametrize("mode", ["summary", "full"])
 @pytest.mark.parametrize("variant", ["bf16", "fp16", "int8"])
-def test_low_precision_and_int8_variants_record_the_same(variant: str, tmp_path: Path) -> None:
+def test_low_precision_and_int8_variants_record_the_same(variant: str, mode: str, tmp_path: Path) -> None:
     """bf16/fp16 outputs are summarised by the observer; int8's quantized kernels' outputs take the
     recorder's Python path (quantized tensors) under the observer's keys."""
     entry = zoo.BY_NAME["llama"]
     model, inputs = entry.build()
     model, inputs, _ = apply_variant(model, inputs, variant, "cpu")
-    _, seen = _same_records(tmp_path, variant, model, lambda cap: model(**inputs))
+    _, seen = _same_records(tmp_path, variant, model, lambda cap: model(**inputs), mode=mode)
     assert {r.dtype for r in seen.records} & {"bfloat16", "float16", "float32"}
 
 
-def test_training_step_with_backward_inside(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["summary", "full"])
+def test_training_step_with_backward_inside(mode: str, tmp_path: Path) -> None:
     """Grad on, a loss and its backward inside the block: the backward's ops are skipped both ways."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LayerNorm(16), nn.Linear(16, 2))
@@ -149,8 +166,8 @@ def test_training_step_with_backward_inside(tmp_path: Path) -> None:
         loss.backward()
         model.zero_grad()
 
-    mode, seen = _same_records(tmp_path, "train", model, step, grad=True)
-    backward_a = {k: v for k, v in mode._recorder.skipped.items() if k.startswith("(backward)")}
+    dispatch, seen = _same_records(tmp_path, "train", model, step, grad=True, mode=mode)
+    backward_a = {k: v for k, v in dispatch._recorder.skipped.items() if k.startswith("(backward)")}
     backward_b = {k: v for k, v in seen._recorder.skipped.items() if k.startswith("(backward)")}
     assert backward_a and backward_a == backward_b
 
@@ -180,18 +197,20 @@ class _Odd(nn.Module):
                 strided)
 
 
-def test_odd_outputs_and_in_place_writes_record_the_same(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["summary", "full"])
+def test_odd_outputs_and_in_place_writes_record_the_same(mode: str, tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = _Odd()
     img, x = torch.randn(2, 3, 8, 8), torch.randn(5, 6)
-    _, seen = _same_records(tmp_path, "odd", model, lambda cap: model(img, x))
+    _, seen = _same_records(tmp_path, "odd", model, lambda cap: model(img, x), mode=mode)
     dtypes = {r.dtype for r in seen.records}
     assert {"int64", "bool", "float32"} <= dtypes
     assert any((r.qparams or {}).get("complex") == "complex64" for r in seen.records)  # went the recorder's way
     assert any(r.memory_format == "channels_last" for r in seen.records)
 
 
-def test_selected_steps_and_a_raising_forward(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["summary", "full"])
+def test_selected_steps_and_a_raising_forward(mode: str, tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
     x = torch.randn(3, 4)
@@ -201,7 +220,7 @@ def test_selected_steps_and_a_raising_forward(tmp_path: Path) -> None:
             model(x * 2)
             cap.step()
 
-    _, seen = _same_records(tmp_path, "steps", model, steps, steps=[1])
+    _, seen = _same_records(tmp_path, "steps", model, steps, steps=[1], mode=mode)
     assert {r.step for r in seen.records} == {1}
 
     def raising(cap: capture) -> None:
@@ -210,9 +229,13 @@ def test_selected_steps_and_a_raising_forward(tmp_path: Path) -> None:
 
     for engine in ("dispatch", "observer"):
         with pytest.raises(ValueError, match="boom"):
-            _capture(tmp_path, "raise", model, raising, engine)
+            _capture(tmp_path, "raise", model, raising, engine, mode=mode)
     assert observer.active() is None
-    with torch.no_grad(), capture(model, tmp_path / "after.bundle", mode="summary", progress=False) as cap:
+    kept = [Bundle.open(tmp_path / f"raise-{engine}.bundle") for engine in ("dispatch", "observer")]
+    assert [r.key for r in kept[0].records] == [r.key for r in kept[1].records]  # what ran before the raise
+    if mode == "full":
+        _same_tensors(*kept)
+    with torch.no_grad(), capture(model, tmp_path / "after.bundle", mode=mode, progress=False) as cap:
         model(x)
     assert cap.engine == "observer"  # the observer was removed and comes back
     assert [r.key for r in cap.records] == ["0/aten.addmm#0", "0/forward#0", "1/aten.relu#0", "1/forward#0", "/forward#0"]
@@ -246,7 +269,7 @@ def test_a_nested_capture_and_other_options_take_the_dispatch_mode(tmp_path: Pat
     assert outer.engine == "observer"
     assert inner.engine == "dispatch mode (another observer capture is active in this process)"
     assert [r.key for r in inner.records] == [r.key for r in outer.records] == ["/aten.addmm#0", "/forward#0"]
-    for options, reason in [({"mode": "full"}, "summary captures"), ({"level": "module", "mode": "summary"}, ""),
+    for options, reason in [({"mode": "full", "max_bytes": 1 << 20}, "byte budget"), ({"level": "module", "mode": "summary"}, ""),
                             ({"mode": "summary", "ops": ["aten.mm"]}, "filters")]:
         with torch.no_grad(), capture(model, tmp_path / "o.bundle", progress=False, **options) as cap:
             model(x)
@@ -290,7 +313,8 @@ def test_weights_written_in_place_are_fingerprinted_as_the_block_began(tmp_path:
     assert seen.engine == "observer"
 
 
-def test_compiled_blocks_record_only_their_outputs_both_ways(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["summary", "full"])
+def test_compiled_blocks_record_only_their_outputs_both_ways(mode: str, tmp_path: Path) -> None:
     """hooks.compiled's blocks run unobserved (the observer pauses as the dispatch mode is disabled):
     each block's output is its module record, and the ops around the blocks are recorded."""
     from hooks.compiled import compile_blocks
@@ -312,13 +336,14 @@ def test_compiled_blocks_record_only_their_outputs_both_ways(tmp_path: Path) -> 
 
     net, _ = compile_blocks(Net(), backend="eager")
     x = torch.randn(3, 8)
-    _, seen = _same_records(tmp_path, "compiled", net, lambda cap: net(x))
+    _, seen = _same_records(tmp_path, "compiled", net, lambda cap: net(x), mode=mode)
     keys = [r.key for r in seen.records]
     assert "blocks.0/forward#0" in keys and not any(k.startswith("blocks.0/aten.") for k in keys)
     assert "/aten.relu#0" in keys and "/aten.mul#1" in keys
 
 
-def test_inference_mode_records_the_same(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["summary", "full"])
+def test_inference_mode_records_the_same(mode: str, tmp_path: Path) -> None:
     """Under torch.inference_mode tensors carry no autograd keys: the calls reach the Python key by
     another route, and the observer still picks the same ones."""
     model, inputs = zoo.BY_NAME["gpt2"].build()
@@ -327,5 +352,54 @@ def test_inference_mode_records_the_same(tmp_path: Path) -> None:
         with torch.inference_mode():
             model(**inputs)
 
-    _, seen = _same_records(tmp_path, "inference", model, run)
+    _, seen = _same_records(tmp_path, "inference", model, run, mode=mode)
     assert len(list(seen.records)) > 20
+
+
+class _WritesBack(nn.Module):
+    """Outputs written in place after they were made, by later ops and by the caller."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(6, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)
+        z = y * 2  # queued by the observer, then written in place below
+        z.add_(1.0)
+        w = torch.relu(z)
+        w.mul_(-1.0)  # the relu's output (and the module's) changes after it was recorded
+        return w
+
+
+@pytest.mark.parametrize("hand_bytes", [observer.HAND_BYTES, 1])
+def test_full_mode_stores_each_output_as_it_was_made(hand_bytes: int, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The observer queues outputs and the writer thread reads them later: before an op writes in place
+    both are settled, so a record's tensor holds its values when its op returned (and handing the queue
+    over after every op, ``hand_bytes=1``, stores the same)."""
+    monkeypatch.setattr(observer, "HAND_BYTES", hand_bytes)
+    torch.manual_seed(0)
+    model = _WritesBack()
+    x = torch.randn(4, 6)
+    with torch.no_grad():
+        y = model.lin(x)
+    _, seen = _same_records(tmp_path, "back", model, lambda cap: model(x), mode="full")
+    b = Bundle.open(seen.bundle_path)
+    by_op = {r.key: r for r in b.records}
+    assert torch.equal(torch.from_numpy(b.values(by_op["/aten.mul#0"].tensor).copy()), y * 2)
+    assert torch.equal(torch.from_numpy(b.values(by_op["/aten.add_#0"].tensor).copy()), y * 2 + 1)
+    assert torch.equal(torch.from_numpy(b.values(by_op["/aten.relu#0"].tensor).copy()), torch.relu(y * 2 + 1))
+    assert torch.equal(torch.from_numpy(b.values(by_op["/forward#0"].tensor).copy()), -torch.relu(y * 2 + 1))
+
+
+def test_full_mode_stores_a_module_output_once(tmp_path: Path) -> None:
+    """A module's output that is its last op's output (or a reshaped alias of it) names that op's tensor."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8, bias=False), nn.ReLU())
+    x = torch.randn(2, 3, 8)  # a bias-free Linear on 3-d input: mm, then an _unsafe_view as the module output
+    _, seen = _same_records(tmp_path, "once", model, lambda cap: model(x), mode="full")
+    records = {r.key: r for r in seen.records}
+    assert records["0/forward#0"].tensor == records["0/aten.mm#0"].tensor
+    assert records["1/forward#0"].tensor == records["1/aten.relu#0"].tensor == records["/forward#0"].tensor
+    assert len(Bundle.open(seen.bundle_path).tensors) == len({r.tensor for r in seen.records})

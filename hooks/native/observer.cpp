@@ -75,6 +75,7 @@ struct Out {  // one output tensor
   std::vector<int64_t> shape;
   std::vector<int64_t> strides;  // when not contiguous
   std::array<double, kRow> row;
+  std::string tensor;  // full mode: the name of the stored tensor its record gives (empty: none)
 };
 
 // Where a summarised output's bytes live, for a module output that aliases it (a Linear's
@@ -99,6 +100,23 @@ struct WhereHash {
 struct Seen {
   c10::weak_intrusive_ptr<c10::StorageImpl> storage;  // keeps the address from being reused while held
   std::array<double, kRow> row;
+  std::string tensor;  // full mode: the tensor stored from this memory (Recorder.by_storage), or empty
+};
+
+// Full mode: a tensor stored already, by the TensorImpl it came from (Recorder.stored): the same
+// tensor at the same version is not stored again.
+struct Stored {
+  c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> impl;
+  int64_t version;
+  std::string name;
+};
+
+// Full mode: a tensor to write, waiting for Python (take_writes) to hand it to the bundle writer.
+struct Pending {
+  std::string name;
+  int8_t dtype;
+  std::vector<int64_t> shape;
+  at::Tensor bytes;  // the values, contiguous, as flat uint8
 };
 
 struct State {
@@ -126,6 +144,14 @@ struct State {
   py::object escape;  // the Python recorder's path for an op this file does not summarise
   at::CallbackHandle handle = 0;
   std::unordered_map<Where, Seen, WhereHash> seen;  // rows since the last in-place write
+  // full mode (Recorder._store's rules): tensors stored so far, and those Python has not taken yet
+  bool full = false;
+  std::vector<std::string> module_paths;  // module_names as C++ strings (tensor names)
+  std::unordered_map<const c10::TensorImpl*, Stored> stored;
+  std::vector<Pending> pending;
+  int64_t pending_bytes = 0;
+  int64_t hand_bytes = 16 << 20;  // past this many pending bytes Python takes them at once
+  py::object hand_over;  // called (GIL held) to take the pending tensors
 };
 
 State* state = nullptr;
@@ -362,12 +388,10 @@ double element(const at::Tensor& t, int64_t i) {
   }
 }
 
-// The row of an output summarised since the last in-place write that holds the same elements in
-// the same memory as `t` (any shape), or None. Its sampled elements are read again, as
-// StatsBatch._unchanged does: a guard against writes no dispatcher call made.
-// The row of an output summarised since the last in-place write that holds the same elements in
-// the same memory as `t`, or nullptr (records_lock held).
-const std::array<double, kRow>* seen_row(const at::Tensor& t) {
+// The entry of an output summarised since the last in-place write that holds the same elements in
+// the same memory as `t` (any shape), or nullptr (records_lock held). Its sampled elements are read
+// again, as StatsBatch._unchanged does: a guard against writes no dispatcher call made.
+Seen* seen_entry(const at::Tensor& t) {
   if (state == nullptr || !t.defined() || !t.is_cpu() || !t.has_storage() || !t.is_contiguous() || t.numel() == 0 ||
       kernel_slot(t.scalar_type()) < 0)
     return nullptr;
@@ -384,19 +408,93 @@ const std::array<double, kRow>* seen_row(const at::Tensor& t) {
     const double now = element(t, at[j]), then = row[kStatFields + j];
     if (!(now == then || (now != now && then != then))) return nullptr;
   }
-  return &row;
+  return &it->second;
 }
 
-// seen_row for Python (StatsBatch.lookup): a module output that aliases an op's output, any shape.
+// An output whose row is `seen`'s (the same memory, unchanged): its own shape and dtype.
+void reuse_row(const at::Tensor& t, const Seen& seen, Out& out) {
+  out.shape.assign(t.sizes().begin(), t.sizes().end());
+  out.dtype = static_cast<int8_t>(t.scalar_type());
+  out.layout = 0;  // seen rows are of contiguous tensors
+  out.has_row = true;
+  out.row = seen.row;
+}
+
+// seen_entry for Python (StatsBatch.lookup): a module output that aliases an op's output, any shape.
 // Its sampled elements are read again, as StatsBatch._unchanged does: a guard against writes no
 // dispatcher call made.
 py::object row_of(const at::Tensor& t) {
   std::lock_guard<std::mutex> lock(records_lock);
-  const auto* row = seen_row(t);
-  if (row == nullptr) return py::none();
+  const Seen* seen = seen_entry(t);
+  if (seen == nullptr) return py::none();
   py::list out(kRow);
-  for (int i = 0; i < kRow; ++i) out[i] = py::float_((*row)[i]);
+  for (int i = 0; i < kRow; ++i) out[i] = py::float_(seen->row[i]);
   return out;
+}
+
+// Full mode, Recorder._store's rules for an output recorded here (records_lock held): the name of the
+// tensor its record gives. The same tensor at the same version, or (`alias`) a tensor stored from the
+// same memory whose row this output reuses, is not stored again; anything else is queued for Python
+// under `name` (written in place: `mutated`, never matched).
+std::string store(const at::Tensor& t, const std::string& name, bool mutated, Seen* alias) {
+  const bool versioned = !t.is_inference();
+  if (!mutated && versioned) {
+    auto it = state->stored.find(t.unsafeGetTensorImpl());
+    if (it != state->stored.end()) {
+      auto held = it->second.impl.lock();
+      if (held.get() == t.unsafeGetTensorImpl() && it->second.version == static_cast<int64_t>(t._version()))
+        return it->second.name;
+    }
+  }
+  if (!mutated && alias != nullptr && !alias->tensor.empty()) return alias->tensor;
+  at::Tensor bytes = quietly([&] { return t.contiguous().reshape(-1).view(at::kByte); });
+  state->pending_bytes += bytes.numel();
+  state->pending.push_back({name, static_cast<int8_t>(t.scalar_type()), std::vector<int64_t>(t.sizes().begin(), t.sizes().end()),
+                            std::move(bytes)});
+  if (!mutated && versioned) {
+    if (state->stored.size() > (1 << 16)) state->stored.clear();
+    state->stored.insert_or_assign(t.unsafeGetTensorImpl(), Stored{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(t.getIntrusivePtr()), static_cast<int64_t>(t._version()), name});
+  }
+  if (!mutated) {
+    Seen* here = alias != nullptr ? alias : seen_entry(t);
+    if (here != nullptr) here->tensor = name;
+  }
+  return name;
+}
+
+// For the recorder's Python path (Recorder._store, full mode): the name of a tensor stored here that
+// an output it records is (the same tensor at the same version) or, with `share`, aliases (the same
+// memory, unchanged, whose row it reuses), or None: it stores the output itself.
+py::object stored_name(const at::Tensor& t, bool share) {
+  std::lock_guard<std::mutex> lock(records_lock);
+  if (state == nullptr || !state->full || !t.defined()) return py::none();
+  if (!t.is_inference()) {
+    auto it = state->stored.find(t.unsafeGetTensorImpl());
+    if (it != state->stored.end()) {
+      auto held = it->second.impl.lock();
+      if (held.get() == t.unsafeGetTensorImpl() && it->second.version == static_cast<int64_t>(t._version()))
+        return py::str(it->second.name);
+    }
+  }
+  if (share) {
+    const Seen* seen = seen_entry(t);
+    if (seen != nullptr && !seen->tensor.empty()) return py::str(seen->tensor);
+  }
+  return py::none();
+}
+
+// A record's tensor name: its key, plus ":N" for output N > 0 (Record.id).
+std::string record_id(int module, const std::string& op, int64_t ordinal, int output) {
+  std::string id = module >= 0 ? state->module_paths[static_cast<size_t>(module)] : std::string();
+  id += '/';
+  id += op;
+  id += '#';
+  id += std::to_string(ordinal);
+  if (output > 0) {
+    id += ':';
+    id += std::to_string(output);
+  }
+  return id;
 }
 
 int name_id(const std::string& name) {
@@ -488,7 +586,9 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
       std::lock_guard<std::mutex> lock(records_lock);
       state->seen.clear();
     }
-    if (state->settle_pending) {  // background readers of the weights finish before the first write
+    // background readers of the model's memory (the weight walk before the first write; in full mode
+    // the bundle writer, which reads the tensors queued so far) finish before it writes
+    if (state->settle_pending || state->full) {
       state->settle_pending = false;
       call_python([] { state->settle(); });
     }
@@ -536,25 +636,36 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
     call_inputs.clear();
     return;
   }
-  std::lock_guard<std::mutex> lock(records_lock);
-  Call call{state->module, info.name, 0, ordinal, state->step, {}, {}, {}};
-  for (const at::Tensor& t : call_inputs) {
-    call.in_dims.push_back(t.dim());
-    call.in_sizes.insert(call.in_sizes.end(), t.sizes().begin(), t.sizes().end());
-    call.in_dtypes.push_back(static_cast<int8_t>(t.scalar_type()));
+  {
+    std::lock_guard<std::mutex> lock(records_lock);
+    Call call{state->module, info.name, 0, ordinal, state->step, {}, {}, {}};
+    for (const at::Tensor& t : call_inputs) {
+      call.in_dims.push_back(t.dim());
+      call.in_sizes.insert(call.in_sizes.end(), t.sizes().begin(), t.sizes().end());
+      call.in_dtypes.push_back(static_cast<int8_t>(t.scalar_type()));
+    }
+    call_inputs.clear();
+    const int64_t call_index = static_cast<int64_t>(state->calls.size());
+    int out_i = 0;
+    each_tensor(outputs, [&](const at::Tensor& t) {
+      if (!t.defined()) return true;
+      Out& out = state->outs.emplace_back();
+      out.call = call_index;
+      out.output = out_i++;
+      // an output holding the memory of one summarised since the last in-place write reuses its row
+      // (StatsBatch.add; an op that wrote in place is summarised again)
+      Seen* alias = info.mutates ? nullptr : seen_entry(t);
+      if (alias != nullptr) reuse_row(t, *alias, out);
+      else summarise(t, out);
+      if (state->full)
+        out.tensor = store(t, record_id(call.module, state->names[static_cast<size_t>(info.name)], ordinal, out.output),
+                           info.mutates, alias);
+      return true;
+    });
+    state->calls.push_back(std::move(call));
+    if (state->pending_bytes < state->hand_bytes) return;
   }
-  call_inputs.clear();
-  const int64_t call_index = static_cast<int64_t>(state->calls.size());
-  int out_i = 0;
-  each_tensor(outputs, [&](const at::Tensor& t) {
-    if (!t.defined()) return true;
-    Out& out = state->outs.emplace_back();
-    out.call = call_index;
-    out.output = out_i++;
-    summarise(t, out);
-    return true;
-  });
-  state->calls.push_back(std::move(call));
+  call_python([] { state->hand_over(); });  // bounded memory: the writer takes what is queued
 }
 
 // A module's output, recorded as ModuleHooks would ("path/forward#N", kind "module"), in order
@@ -584,19 +695,33 @@ bool record_module(int module, const std::vector<at::Tensor>& outs, const std::v
     Out& out = state->outs.emplace_back();
     out.call = call_index;
     out.output = out_i++;
-    const auto* row = seen_row(t);
-    if (row == nullptr) {
-      summarise(t, out);
-      continue;
-    }
-    out.shape.assign(t.sizes().begin(), t.sizes().end());
-    out.dtype = static_cast<int8_t>(t.scalar_type());
-    out.layout = 0;  // seen rows are of contiguous tensors
-    out.has_row = true;
-    out.row = *row;
+    Seen* alias = seen_entry(t);
+    if (alias != nullptr) reuse_row(t, *alias, out);
+    else summarise(t, out);
+    if (state->full) out.tensor = store(t, record_id(module, "forward", ordinal, out.output), false, alias);
   }
   state->calls.push_back(std::move(call));
-  return true;
+  return true;  // the caller (Python) takes the pending tensors next
+}
+
+// Full mode: the tensors queued since the last call, as (name, c10::ScalarType code, shape, flat
+// uint8 tensor), for Recorder.write_stored (GIL held by the caller).
+py::list take_writes() {
+  std::vector<Pending> pending;
+  {
+    std::lock_guard<std::mutex> lock(records_lock);
+    if (state == nullptr) return py::list();
+    pending.swap(state->pending);
+    state->pending_bytes = 0;
+  }
+  py::list out(pending.size());
+  for (size_t i = 0; i < pending.size(); ++i) {
+    Pending& p = pending[i];
+    py::tuple shape(p.shape.size());
+    for (size_t d = 0; d < p.shape.size(); ++d) shape[d] = py::int_(p.shape[d]);
+    out[i] = py::make_tuple(py::str(p.name), static_cast<int>(p.dtype), std::move(shape), std::move(p.bytes));
+  }
+  return out;
 }
 
 void start(py::dict opts) {
@@ -614,6 +739,10 @@ void start(py::dict opts) {
   state->module_names = opts["module_names"].cast<std::vector<py::str>>();
   state->settle = opts["settle"];
   state->escape = opts["escape"];
+  state->full = opts["full"].cast<bool>();
+  state->hand_over = opts["hand_over"];
+  state->hand_bytes = opts["hand_bytes"].cast<int64_t>();
+  for (const auto& name : state->module_names) state->module_paths.push_back(name.cast<std::string>());
   state->settle_pending = true;
   state->on = true;
   frames.clear();
@@ -798,6 +927,10 @@ py::list drain_lines(int64_t base, py::dict dtype_names) {
     json_ints(line, o.shape.data(), o.shape.size());
     line += ",\"dtype\":";
     line += dtype_name(o.dtype);
+    if (!o.tensor.empty()) {
+      line += ",\"tensor\":";
+      json_string(line, o.tensor);
+    }
     if (o.has_row) {
       const auto n = static_cast<int64_t>(o.row[0]);
       line += ",\"stats\":{\"numel\":";
@@ -874,6 +1007,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("drain_lines", &drain_lines, "the records made since the last drain, as pydantic's JSON lines");
   m.def("counts", &counts, "skipped calls per op, ops seen");
   m.def("record_module", &record_module, "a module's output tensors as a module record; False if Python must");
+  m.def("stored_name", &stored_name, "full mode: the name of a tensor stored here that this one is, or None");
+  m.def("take_writes", &take_writes, "full mode: the tensors to write since the last call");
   m.def("row_of", &row_of, "the statistics row of an output that holds the same memory, or None");
   m.def("epoch", &epoch, "ops that wrote in place so far");
   m.def("scalar_type_of", &scalar_type_of, "a tensor's c10::ScalarType code");
