@@ -804,6 +804,12 @@ void json_string(std::string& out, const std::string& s) {
 
 // A double as pydantic writes it: the shortest round-trip digits, fixed notation for decimal
 // exponents in [-5, 16), "1e+20" / "1.5e-7" outside, ".0" on integral values.
+void json_int(std::string& out, int64_t v) {
+  char buf[24];
+  auto res = std::to_chars(buf, buf + sizeof buf, v);
+  out.append(buf, res.ptr);
+}
+
 void json_float(std::string& out, double v) {
   if (std::isnan(v)) {
     out += "\"NaN\"";
@@ -817,41 +823,40 @@ void json_float(std::string& out, double v) {
     out += std::signbit(v) ? "-0.0" : "0.0";
     return;
   }
-  char buf[64];
-  auto res = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::scientific);
-  std::string sci(buf, res.ptr);  // "-1.2345e+20": shortest digits
-  std::string digits;
-  size_t i = 0;
-  if (sci[0] == '-') {
+  char sci[64];  // "-1.2345e+20": the shortest digits that read back as v
+  const char* end = std::to_chars(sci, sci + sizeof sci, v, std::chars_format::scientific).ptr;
+  const char* p = sci;
+  if (*p == '-') {
     out += '-';
-    i = 1;
+    ++p;
   }
-  const size_t e_at = sci.find('e');
-  for (size_t j = i; j < e_at; ++j)
-    if (sci[j] != '.') digits += sci[j];
-  const int exp10 = std::stoi(sci.substr(e_at + 1));
-  const int k = static_cast<int>(digits.size());
+  char digits[32];
+  int k = 0;
+  for (; p < end && *p != 'e'; ++p)
+    if (*p != '.') digits[k++] = *p;
+  int exp10 = 0;
+  std::from_chars(p + (p[1] == '+' ? 2 : 1), end, exp10);
   const int kk = exp10 + 1;  // the decimal point sits after kk digits
   if (k <= kk && kk <= 16) {
-    out += digits;
+    out.append(digits, static_cast<size_t>(k));
     out.append(static_cast<size_t>(kk - k), '0');
     out += ".0";
   } else if (0 < kk && kk <= 16) {
-    out += digits.substr(0, static_cast<size_t>(kk));
+    out.append(digits, static_cast<size_t>(kk));
     out += '.';
-    out += digits.substr(static_cast<size_t>(kk));
+    out.append(digits + kk, static_cast<size_t>(k - kk));
   } else if (-5 < kk && kk <= 0) {
     out += "0.";
     out.append(static_cast<size_t>(-kk), '0');
-    out += digits;
+    out.append(digits, static_cast<size_t>(k));
   } else {
     out += digits[0];
     if (k > 1) {
       out += '.';
-      out += digits.substr(1);
+      out.append(digits + 1, static_cast<size_t>(k - 1));
     }
     out += kk - 1 > 0 ? "e+" : "e";
-    out += std::to_string(kk - 1);
+    json_int(out, kk - 1);
   }
 }
 
@@ -859,7 +864,7 @@ void json_ints(std::string& out, const int64_t* values, size_t n) {
   out += '[';
   for (size_t i = 0; i < n; ++i) {
     if (i) out += ',';
-    out += std::to_string(values[i]);
+    json_int(out, values[i]);
   }
   out += ']';
 }
@@ -891,26 +896,25 @@ py::list drain_lines(int64_t base, py::dict dtype_names) {
     auto& module = module_json.at(static_cast<size_t>(c.module + 1));
     if (module.empty()) json_string(module, c.module >= 0 ? state->module_names[static_cast<size_t>(c.module)].cast<std::string>() : "");
     const std::string& op = state->names[static_cast<size_t>(c.name)];
-    const std::string bare_module = module.substr(1, module.size() - 2);  // escaped, unquoted
     line.clear();
     line += "{\"key\":\"";
-    line += bare_module;
+    line.append(module, 1, module.size() - 2);  // escaped, unquoted
     line += '/';
     line += op;  // op names are identifiers ("aten.mm", "forward")
     line += '#';
-    line += std::to_string(c.ordinal);
+    json_int(line, c.ordinal);
     line += "\",\"output\":";
-    line += std::to_string(o.output);
+    json_int(line, o.output);
     line += ",\"module\":";
     line += module;
     line += ",\"op\":\"";
     line += op;
     line += "\",\"ordinal\":";
-    line += std::to_string(c.ordinal);
+    json_int(line, c.ordinal);
     line += ",\"kind\":";
     line += kinds[static_cast<size_t>(c.kind)];
     line += ",\"index\":";
-    line += std::to_string(base++);
+    json_int(line, base++);
     line += ",\"input_shapes\":[";
     size_t at = 0;
     for (size_t i = 0; i < c.in_dims.size(); ++i) {
@@ -934,12 +938,12 @@ py::list drain_lines(int64_t base, py::dict dtype_names) {
     if (o.has_row) {
       const auto n = static_cast<int64_t>(o.row[0]);
       line += ",\"stats\":{\"numel\":";
-      line += std::to_string(n);
+      json_int(line, n);
       for (int f = 1; f < kStatFields; ++f) {
         line += ",\"";
         line += stat[f];
         line += "\":";
-        if (f >= 7) line += std::to_string(static_cast<int64_t>(o.row[f]));
+        if (f >= 7) json_int(line, static_cast<int64_t>(o.row[f]));
         else json_float(line, o.row[f]);
       }
       line += ",\"sample\":[";
@@ -951,7 +955,7 @@ py::list drain_lines(int64_t base, py::dict dtype_names) {
       line += "]}";
     }
     line += ",\"step\":";
-    line += std::to_string(c.step);
+    json_int(line, c.step);
     if (o.layout != 0) {
       line += ",\"strides\":";
       json_ints(line, o.strides.data(), o.strides.size());
