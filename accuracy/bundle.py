@@ -14,6 +14,7 @@ unpickles anything.
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import math
 import mmap
@@ -125,6 +126,25 @@ class TensorTable(Mapping[str, TensorInfo]):
         self._names += name.encode("utf-8", "surrogatepass")
         if self._name_list is not None:
             self._name_list.append(name)
+            if len(self._name_list) > DICT_TENSORS:
+                self._name_list = None
+
+    def extend(self, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[tuple[int, ...]],
+               begins: Sequence[int], ends: Sequence[int]) -> None:
+        """:meth:`add` of many entries at once, in order (a header's canonical entries: one list
+        operation per column instead of a call per entry)."""
+        c = self._cols
+        c["begin"].extend(begins)
+        c["end"].extend(ends)
+        c["dtype"].extend([_TAG_CODES[t] for t in dtypes])
+        known = self._shapes
+        c["shape"].extend([known.setdefault(shape, len(known)) for shape in shapes])
+        encoded = [n.encode("utf-8", "surrogatepass") for n in names]
+        c["name_at"].extend(itertools.accumulate(map(len, encoded[:-1]), initial=len(self._names)))
+        c["hash"].extend(map(hash, names))
+        self._names += b"".join(encoded)
+        if self._name_list is not None:
+            self._name_list.extend(names)
             if len(self._name_list) > DICT_TENSORS:
                 self._name_list = None
 
@@ -928,6 +948,7 @@ def _parse_header(text: str) -> tuple[Any, TensorTable]:
     table = TensorTable()
     metadata: Any = _MISSING
     pos = _WS(text, 1).end()
+    canonical_run: list[tuple[str, ...]] = []  # matched entries not yet in the table (added in order, in bulk)
 
     def expect(char: str, at: int) -> int:
         if at >= len(text) or text[at] != char:
@@ -941,11 +962,10 @@ def _parse_header(text: str) -> tuple[Any, TensorTable]:
         while True:
             canonical = match_entry(text, pos)
             if canonical is not None and canonical[1] != "__metadata__":
-                name, dtype, dims, begin, end = canonical.groups()
-                shape = tuple(map(int, dims.split(","))) if dims else ()
-                table.add(name, *_checked_entry(name, dtype, shape, int(begin), int(end)))
+                canonical_run.append(canonical.groups())
                 pos = canonical.end()
             else:
+                _add_canonical(table, canonical_run)
                 name, pos = scanstring(text, expect('"', pos), True)
                 pos = _WS(text, expect(":", _WS(text, pos).end())).end()
                 value, pos = decoder.raw_decode(text, pos)
@@ -955,19 +975,46 @@ def _parse_header(text: str) -> tuple[Any, TensorTable]:
                     metadata = value
                 else:
                     table.add(name, *_check_entry(name, value))
-            pos = _WS(text, pos).end()
-            if pos < len(text) and text[pos] == ",":
-                pos = _WS(text, pos + 1).end()
+            if text[pos : pos + 1] in _JSON_SPACE:
+                pos = _WS(text, pos).end()
+            if text[pos : pos + 1] == ",":
+                pos += 1
+                if text[pos : pos + 1] in _JSON_SPACE:
+                    pos = _WS(text, pos).end()
                 continue
             pos = expect("}", pos)
             break
     if _WS(text, pos).end() != len(text):
         raise json.JSONDecodeError("Extra data", text, pos)
+    _add_canonical(table, canonical_run)
     table.freeze()
     repeated = table.duplicate_name()
     if repeated is not None:
         raise BundleError(f"duplicate JSON key {repeated!r}: a bundle header must name each entry once")
     return (None if metadata is _MISSING else metadata), table
+
+
+_JSON_SPACE = frozenset(" \t\n\r")  # what _WS skips (not "": a slice past the end is empty)
+
+
+def _add_canonical(table: TensorTable, run: list[tuple[str, ...]]) -> None:
+    """Check and add header entries matched by ``_CANONICAL_ENTRY`` (name, dtype, dims, begin, end), in
+    order, then empty ``run``: :func:`_checked_entry`'s checks, done once per distinct dtype and shape
+    and in one pass for the offsets; the first bad entry raises its own error."""
+    if not run:
+        return
+    names, dtypes, dims, begin_text, end_text = zip(*run)
+    run.clear()
+    begins, ends = list(map(int, begin_text)), list(map(int, end_text))
+    shape_of = {d: tuple(map(int, d.split(","))) if d else () for d in set(dims)}
+    size_of = {(d, t): math.prod(shape_of[d]) * DTYPES[t][1] for d, t in set(zip(dims, dtypes))
+               if t in DTYPES and len(shape_of[d]) <= 64}
+    limit = 1 << 63
+    for i, (d, t, b, e) in enumerate(zip(dims, dtypes, begins, ends, strict=True)):
+        size = size_of.get((d, t))
+        if size is None or e - b != size or e >= limit:
+            _checked_entry(names[i], t, shape_of[d], b, e)  # raises, saying what is wrong
+    table.extend(names, dtypes, [shape_of[d] for d in dims], begins, ends)
 
 
 def _check_entry(name: str, entry: Any) -> tuple[str, tuple[int, ...], int, int]:

@@ -103,3 +103,44 @@ def test_writer_headers_take_the_fast_path_and_free_form_headers_read_the_same(t
     decoded.clear()
     assert entries(Bundle.open(path2)) == fast
     assert len(decoded) == 4  # every entry, the records tensor's too
+
+
+def test_runs_of_writer_entries_are_checked_in_bulk_and_in_order(tmp_path: Path) -> None:
+    """Canonical entries are matched one by one and checked and added a run at a time: the table keeps
+    the header's order across decoder-path entries, and a bad entry in the middle of a run is named."""
+    import json
+    import struct
+
+    import numpy as np
+
+    from accuracy.bundle import BundleWriter
+    from accuracy.errors import BundleError
+    from accuracy.manifest import Manifest
+
+    path = tmp_path / "w.bundle"
+    w = BundleWriter(path)
+    for i in range(5):
+        w.add_array(f"t{i}", np.full(2, i, np.float32))
+    w.close(Manifest())
+    data = path.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + n])
+
+    def rewrite(name: str, change: dict[str, object]) -> Path:
+        parts = []
+        for key, value in header.items():
+            value = {**value, **change.get(key, {})} if key in change else value  # type: ignore[dict-item]
+            spaced = key == "t2"  # one entry the JSON decoder reads
+            parts.append(json.dumps(key) + ":" + json.dumps(value, separators=(", ", ": ") if spaced else (",", ":")))
+        text = ("{" + ",".join(parts) + "}").encode()
+        text += b" " * (-len(text) % 8)
+        out = tmp_path / name
+        out.write_bytes(struct.pack("<Q", len(text)) + text + data[8 + n :])
+        return out
+
+    b = Bundle.open(rewrite("order.bundle", {}))
+    assert [b.tensors.name(slot) for slot in range(5)] == ["t0", "t1", "t2", "t3", "t4"]  # header order
+    assert [float(b.values(f"t{i}")[0]) for i in range(5)] == [0.0, 1.0, 2.0, 3.0, 4.0]
+    begin = header["t3"]["data_offsets"][0]
+    with pytest.raises(BundleError, match=f"tensor 't3': data_offsets \\[{begin}, {begin + 7}\\] do not match shape"):
+        Bundle.open(rewrite("bad.bundle", {"t3": {"data_offsets": [begin, begin + 7]}}))
