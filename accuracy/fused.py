@@ -891,6 +891,22 @@ def clipped(x: np.ndarray, top: float, out: np.ndarray) -> np.ndarray:
     return view
 
 
+@numba.njit(nogil=True, cache=True)
+def pair_summary(r: Any, t: Any, guard: float, tiny: float, one_ulp: float, th0: float, th1: float, th2: float,
+                 acc: Any, codes: Any, low: int, high: int, ranks: Any, bounds: Any, ulp_scale: float, hist: Any,
+                 quantiles: Any, out: Any) -> float:  # pragma: no cover - compiled
+    """One pair's metrics in one call, into scratch arrays: ``acc`` and ``codes`` zeroed, the pair added
+    by :func:`_error_kernel`, then :func:`error_summary` when any element was counted; returns the
+    element count. What :class:`ErrorAccumulator` and ``error_summary`` do for a pair below
+    PARALLEL_MIN (one part), without two dispatches and the accumulator's allocations."""
+    acc[:] = 0.0
+    codes[:] = 0
+    _error_kernel(r, t, guard, tiny, one_ulp, th0, th1, th2, acc, codes)
+    if acc[0] > 0:
+        error_summary(acc, codes, low, high, ranks, bounds, ulp_scale, hist, quantiles, out)
+    return acc[0]
+
+
 class ErrorAccumulator:
     """Running error sums, maxima, counts and histogram codes of one pair, fed chunk by chunk.
 
@@ -999,12 +1015,16 @@ def warm_up(errors: bool = False) -> None:
         error_summary(acc.acc, acc.hist, 1, 2, np.zeros(1), np.ones((4, 2)), 1.0, np.zeros(4, np.int64), np.zeros(1),
                       np.zeros(len(SUMMARY_FIELDS)))
         acc.acc[0] = 0.0
+        scratch = (np.zeros(len(ACC_FIELDS)), np.zeros(N_CODES, np.int64), 1, 2, np.zeros(1), np.ones((4, 2)), 1.0,
+                   np.zeros(4, np.int64), np.zeros(1), np.zeros(len(SUMMARY_FIELDS)))
         for dt in (np.float32, np.float64, np.uint16, np.int16):
             z = np.zeros(1, dt)
             acc.add(z, z)
+            pair_summary(z, z, *acc.args, *scratch)
             clipped(z, 1.0, np.zeros(1, np.float32 if dt != np.float64 else np.float64))
         for dt in (np.uint16, np.int16):
             acc.add(np.zeros(1, np.float32), np.zeros(1, dt))
+            pair_summary(np.zeros(1, np.float32), np.zeros(1, dt), *acc.args, *scratch)
     _WARM.add(errors)
 
 

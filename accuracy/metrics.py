@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from collections.abc import Iterable
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -214,15 +215,18 @@ def compare_arrays(
     values when the arrays hold raw words (``BF16`` as uint16), so they are read undecoded.
     ``clip``: compare both sides clamped to ``[-clip, clip]`` (Inf too; NaN stays NaN): a reference
     beyond the target dtype's range is judged by what the target can hold."""
-    acc = _accumulator(target_dtype, ref_absmax)
-    threads = fused.default_threads()
     if clip is None and type(reference) is np.ndarray and type(target) is np.ndarray:  # most pairs: one kernel call
         rk, tk = _kernel_input(reference, reference_dtype), _kernel_input(target, stored_dtype)
         if rk.shape != tk.shape:
             raise ValueError(f"chunk shapes differ: {rk.shape} vs {tk.shape}")
+        if rk.shape[0] < fused.PARALLEL_MIN:  # one part: one compiled call into scratch buffers
+            return _small_pair(rk, tk, target_dtype, ref_absmax)
         if rk.shape[0] <= CHUNK:
-            acc.add(rk, tk, threads)
+            acc = _accumulator(target_dtype, ref_absmax)
+            acc.add(rk, tk, fused.default_threads())
             return _finish(acc)
+    acc = _accumulator(target_dtype, ref_absmax)
+    threads = fused.default_threads()
     buffers: tuple[np.ndarray, np.ndarray] | None = None
     for r, t in zip(_chunks(reference), _chunks(target), strict=True):
         if r.shape != t.shape:
@@ -257,13 +261,48 @@ _QUANTILE_RANKS = np.array(QUANTILES, np.float64)
 def _finish(acc: fused.ErrorAccumulator) -> Metrics:
     n = int(acc.acc[_A_NUMEL])
     if n == 0:
-        return Metrics(numel=0, share_rel_over=dict.fromkeys(_REL_KEYS, 0.0), quantiles=dict.fromkeys(_QNAMES, 0.0),
-                       histogram=[0] * HIST_SLOTS)
+        return _no_elements()
     hist = np.empty(HIST_SLOTS, np.int64)
     quantiles = np.empty(len(QUANTILES), np.float64)
     out = np.empty(len(fused.SUMMARY_FIELDS), np.float64)
     fused.error_summary(acc.acc, acc.hist, _CODE_LOW, _CODE_HIGH, _QUANTILE_RANKS, _SLOT_BOUND_ARRAY, 2.0**acc.mant,
                         hist, quantiles, out)
+    return _summarised(n, hist, quantiles, out)
+
+
+class _Scratch(threading.local):
+    """Per-thread buffers of :func:`_small_pair` (read out into the Metrics before it returns)."""
+
+    def __init__(self) -> None:
+        self.acc = np.zeros(len(fused.ACC_FIELDS), np.float64)
+        self.codes = np.zeros(fused.N_CODES, np.int64)
+        self.hist = np.empty(HIST_SLOTS, np.int64)
+        self.quantiles = np.empty(len(QUANTILES), np.float64)
+        self.out = np.empty(len(fused.SUMMARY_FIELDS), np.float64)
+
+
+_SCRATCH = _Scratch()
+
+
+def _small_pair(rk: np.ndarray, tk: np.ndarray, target_dtype: str, ref_absmax: float | None) -> Metrics:
+    """:class:`Metrics` of one pair of flat kernel arrays below ``fused.PARALLEL_MIN`` elements: the
+    accumulator's and ``_finish``'s numbers, by one compiled call (most of a model's tensors are small)."""
+    s = _SCRATCH
+    mant, tiny = FLOAT_FORMATS.get(target_dtype, FLOAT_FORMATS["float32"])
+    th0, th1, th2 = REL_THRESHOLDS
+    n = int(fused.pair_summary(rk, tk, float(_guard(target_dtype, ref_absmax)), float(tiny), float(2.0**-mant),
+                               float(th0), float(th1), float(th2), s.acc, s.codes, _CODE_LOW, _CODE_HIGH,
+                               _QUANTILE_RANKS, _SLOT_BOUND_ARRAY, 2.0**mant, s.hist, s.quantiles, s.out))
+    return _summarised(n, s.hist, s.quantiles, s.out) if n else _no_elements()
+
+
+def _no_elements() -> Metrics:
+    return Metrics(numel=0, share_rel_over=dict.fromkeys(_REL_KEYS, 0.0), quantiles=dict.fromkeys(_QNAMES, 0.0),
+                   histogram=[0] * HIST_SLOTS)
+
+
+def _summarised(n: int, hist: np.ndarray, quantiles: np.ndarray, out: np.ndarray) -> Metrics:
+    """Metrics from error_summary's outputs (copied out of the arrays)."""
     (max_abs, mean_abs, rmse, max_rel, mean_rel, cosine, snr_db, norm_l2, ulp_max, ulp_mean, over_ulp, r0, r1, r2,
      balance, nan_mm, inf_mm, nan_rf, exact_share) = out.tolist()
     return Metrics(n, max_abs, mean_abs, rmse, max_rel, mean_rel, cosine, snr_db, norm_l2, ulp_max, ulp_mean, over_ulp,

@@ -315,3 +315,33 @@ def test_both_float16_decodes_are_exact_on_every_word() -> None:
         decode_all(words, out)
         assert np.array_equal(out.view(np.uint32)[~np.isnan(expected)], expected.view(np.uint32)[~np.isnan(expected)])
         assert np.array_equal(np.isnan(out), np.isnan(expected))
+
+
+@pytest.mark.parametrize("kind", ["f32", "f64", "bf16-words", "f16", "non-finite", "empty"])
+def test_small_pairs_take_one_call_with_the_accumulators_numbers(kind: str) -> None:
+    """Pairs below PARALLEL_MIN go through fused.pair_summary into per-thread scratch buffers: every
+    field equals what the ErrorAccumulator and error_summary path gives, bit for bit."""
+    rng = np.random.default_rng(3)
+    r = rng.standard_normal(1000).astype(np.float32) * 10.0
+    t, target, stored = (r * (1 + 1e-3)).astype(np.float32), "float32", None
+    if kind == "f64":
+        r, t = r.astype(np.float64), (r * (1 + 1e-9)).astype(np.float64)
+        target = "float64"
+    elif kind == "bf16-words":
+        t, target, stored = ((r.view(np.uint32) + 0x8000) >> 16).astype(np.uint16), "bfloat16", "BF16"
+    elif kind == "f16":
+        t, target = r.astype(np.float16), "float16"
+    elif kind == "non-finite":
+        t = t.copy()
+        t[[3, 70]] = np.nan
+        r = r.copy()
+        r[[5, 70]] = np.inf
+    elif kind == "empty":
+        r, t = r[:0], t[:0]
+    fast = M.compare_arrays(r, t, target, float(np.nanmax(np.abs(r))) if r.size else None, stored_dtype=stored)
+    acc = M._accumulator(target, float(np.nanmax(np.abs(r))) if r.size else None)
+    acc.add(M._kernel_input(r, None), M._kernel_input(t, stored))
+    slow = M._finish(acc)
+    assert fast.as_dict() == slow.as_dict()
+    again = M.compare_arrays(r[: len(r) // 2], t[: len(t) // 2], target, stored_dtype=stored)  # scratch reused
+    assert again.numel == len(r) // 2 and fast.as_dict() == slow.as_dict()
