@@ -129,13 +129,14 @@ def test_zoo_models_record_the_same(entry: zoo.Model, mode: str, tmp_path: Path)
     assert seen._recorder.ops_seen == mode._recorder.ops_seen
 
 
+@pytest.mark.parametrize("mode", ["summary", "full"])
 @pytest.mark.parametrize("name", ["llama", "resnet", "t5"])
-def test_the_observer_changes_no_bit_of_the_output(name: str, tmp_path: Path) -> None:
+def test_the_observer_changes_no_bit_of_the_output(name: str, mode: str, tmp_path: Path) -> None:
     """It observes the dispatcher and never enters the call: the outputs are the uncaptured run's bits."""
     model, inputs = zoo.BY_NAME[name].build()
     with torch.no_grad():
         plain = model(**inputs)
-        with capture(model, tmp_path / "o.bundle", mode="summary", progress=False) as cap:
+        with capture(model, tmp_path / "o.bundle", mode=mode, progress=False) as cap:
             seen = model(**inputs)
     assert cap.engine == "observer"
     for a, b in zip(fast_leaves(plain), fast_leaves(seen), strict=True):
