@@ -233,7 +233,10 @@ class ObserverMode:
         one that fails is a diagnostic, and the records naming it keep their statistics only."""
         assert _observer is not None
         rec = self.rec
-        for name, code, shape, data in _observer.take_writes():
+        taken = _observer.take_writes()
+        if rec.forked:  # a forked child (a DataLoader worker): the parent writes its bundle, not this copy
+            return
+        for name, code, shape, data in taken:
             try:
                 written = rec.write_stored(name, _DTYPE_TAGS[code], shape, data)
             except Exception as e:  # noqa: BLE001 - capture must never break the user's run
