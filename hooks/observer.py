@@ -21,7 +21,7 @@ statistics row the output reuses (a module output that is its last op's output, 
 stored once. It queues the others (contiguous, as bytes) until Python hands them to the bundle's
 writer thread: at each module's forward hook, before any op that writes in place (after which the
 writer has finished reading what it was given: the dispatch mode's rule), before ops the capture
-does not see, when 16 MB are queued, and at the end.
+does not see, when 16 MB (or `buffer_bytes`) are queued, and at the end.
 
 :func:`why_not` says when a capture cannot take this path; it then uses the dispatch mode, as it
 does for full mode, replay inputs, gradients, filters, accelerators and several ranks. Set
@@ -60,7 +60,8 @@ _ACTIVE: list[ObserverMode] = []
 _DTYPE_NAMES: dict[int, str] = {}
 _DTYPE_TAGS: dict[int, str] = {}
 
-#: full mode: Python takes the queued tensors at once when this many bytes wait (bounded memory)
+#: full mode: Python takes the queued tensors at once when this many bytes wait (or ``buffer_bytes``, if
+#: less): outputs held for the writer stay bounded
 HAND_BYTES = 16 << 20
 
 #: the observer writes its record lines without validation: keys (module path, "/", op, "#", ordinal)
@@ -136,7 +137,8 @@ class ObserverMode:
             "row_functions": fused.row_cfunc_addresses(), "cancel": [fused.CANCEL[n] for n in names],
             "parallel_min": fused.PARALLEL_MIN, "module_names": self.names,
             "settle": self._settle, "escape": self._escape,
-            "full": rec.opts.mode == "full", "hand_over": self._hand_over, "hand_bytes": HAND_BYTES,
+            "full": rec.opts.mode == "full", "hand_over": self._hand_over,
+            "hand_bytes": min(HAND_BYTES, rec.opts.buffer_bytes),
         })
         _ACTIVE.append(self)
         rec.on_state = self.sync
