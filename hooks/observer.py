@@ -194,14 +194,16 @@ class ObserverMode:
         if not rec.active:
             self.sync()
             return True  # nothing to record
+        recorded = False
         try:
             outs = [output] if type(output) is torch.Tensor else fast_leaves(output)
-            if all(type(t) is torch.Tensor for t in outs) and _observer is not None and \
-                    _observer.record_module(self.index[name], outs, fast_leaves(args), inner):
-                self._hand_over()
-                return True
+            recorded = all(type(t) is torch.Tensor for t in outs) and _observer is not None and \
+                _observer.record_module(self.index[name], outs, fast_leaves(args), inner)
         except Exception:  # noqa: BLE001, S110 - the recorder's path says what is wrong with this output
             pass
+        if recorded:
+            self._hand_over()  # its tensors (full mode) go to the writer between modules
+            return True
         self.drain()
         self.sync()
         return False
