@@ -33,8 +33,8 @@ asynchronous there); the statistics floor is then ``hooks.tensors.device_stats``
 the GPU. CPU and wall clock part at the ``aten`` level: its weights of 2 MB or more are
 fingerprinted on a background thread while the forward runs (``hooks.fingerprints.ParameterPrints``),
 which a spare core takes off the wall time but not off the process's CPU time. At the ``aten`` level
-summary mode is timed under the compiled observer (``hooks/observer.py``, the default where it
-serves) and under the Python dispatch mode (``OPBAND_OBSERVER=0``), and once more with two forward
+both modes are timed under the compiled observer (``hooks/observer.py``, the default where it
+serves) and under the Python dispatch mode (``OPBAND_OBSERVER=0``), and summary once more with two forward
 passes in one capture: the second pass's extra time over a plain forward, per op, is the marginal
 per-op cost, free of what a capture pays once (entry, weight fingerprints, the bundle's write).
 Goals (issue 14): llama-small summary <= 1.5x, full <= 2.5x, <= 10 us per op; llama-mid summary
