@@ -116,23 +116,12 @@ class TensorTable(Mapping[str, TensorInfo]):
         self._name_list: list[str] | None = []  # the names as str while there are at most DICT_TENSORS
 
     def add(self, name: str, dtype: str, shape: tuple[int, ...], begin: int, end: int) -> None:
-        c = self._cols
-        c["begin"].append(begin)
-        c["end"].append(end)
-        c["dtype"].append(_TAG_CODES[dtype])
-        c["shape"].append(self._shapes.setdefault(shape, len(self._shapes)))
-        c["name_at"].append(len(self._names))
-        c["hash"].append(hash(name))
-        self._names += name.encode("utf-8", "surrogatepass")
-        if self._name_list is not None:
-            self._name_list.append(name)
-            if len(self._name_list) > DICT_TENSORS:
-                self._name_list = None
+        """One entry (see :meth:`extend`)."""
+        self.extend((name,), (dtype,), (shape,), (begin,), (end,))
 
     def extend(self, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[tuple[int, ...]],
                begins: Sequence[int], ends: Sequence[int]) -> None:
-        """:meth:`add` of many entries at once, in order (a header's canonical entries: one list
-        operation per column instead of a call per entry)."""
+        """Add entries, in order (a header's run of canonical entries: one list operation per column)."""
         c = self._cols
         c["begin"].extend(begins)
         c["end"].extend(ends)

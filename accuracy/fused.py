@@ -907,6 +907,11 @@ def pair_summary(r: Any, t: Any, guard: float, tiny: float, one_ulp: float, th0:
     return acc[0]
 
 
+def error_args(guard: float, tiny: float, mant: int, thresholds: tuple[float, float, float]) -> tuple[float, ...]:
+    """:func:`_error_kernel`'s scalars after its arrays: guard, tiny, one ULP (2^-mant), the thresholds."""
+    return (float(guard), float(tiny), float(2.0**-mant), *map(float, thresholds))
+
+
 class ErrorAccumulator:
     """Running error sums, maxima, counts and histogram codes of one pair, fed chunk by chunk.
 
@@ -918,7 +923,7 @@ class ErrorAccumulator:
         self.acc = np.zeros(len(ACC_FIELDS), np.float64)
         self.hist = np.zeros(N_CODES, np.int64)
         self.mant = mant  # ULP sums and maxima are kept scaled by 2^-mant
-        self.args = (float(guard), float(tiny), float(2.0**-mant), *map(float, thresholds))
+        self.args = error_args(guard, tiny, mant, thresholds)
 
     def add(self, r: np.ndarray, t: np.ndarray, threads: int = 1) -> None:
         """Add a pair of equally long flat kernel arrays."""

@@ -289,10 +289,9 @@ def _small_pair(rk: np.ndarray, tk: np.ndarray, target_dtype: str, ref_absmax: f
     accumulator's and ``_finish``'s numbers, by one compiled call (most of a model's tensors are small)."""
     s = _SCRATCH
     mant, tiny = FLOAT_FORMATS.get(target_dtype, FLOAT_FORMATS["float32"])
-    th0, th1, th2 = REL_THRESHOLDS
-    n = int(fused.pair_summary(rk, tk, float(_guard(target_dtype, ref_absmax)), float(tiny), float(2.0**-mant),
-                               float(th0), float(th1), float(th2), s.acc, s.codes, _CODE_LOW, _CODE_HIGH,
-                               _QUANTILE_RANKS, _SLOT_BOUND_ARRAY, 2.0**mant, s.hist, s.quantiles, s.out))
+    args = fused.error_args(_guard(target_dtype, ref_absmax), tiny, mant, REL_THRESHOLDS)
+    n = int(fused.pair_summary(rk, tk, *args, s.acc, s.codes, _CODE_LOW, _CODE_HIGH, _QUANTILE_RANKS,
+                               _SLOT_BOUND_ARRAY, 2.0**mant, s.hist, s.quantiles, s.out))
     return _summarised(n, s.hist, s.quantiles, s.out) if n else _no_elements()
 
 

@@ -342,7 +342,9 @@ void bool_row(const at::Tensor& t, Out& out) {
   for (int64_t j = 0; j < sample.numel(); ++j) r[kStatFields + j] = s[j];
 }
 
-void summarise(const at::Tensor& t, Out& out) {
+// An output's row, computed; returns the entry registered for its memory (contiguous float tensors),
+// else nullptr.
+Seen* summarise(const at::Tensor& t, Out& out) {
   const int64_t n = t.numel();
   out.shape.assign(t.sizes().begin(), t.sizes().end());
   out.dtype = static_cast<int8_t>(t.scalar_type());
@@ -354,10 +356,10 @@ void summarise(const at::Tensor& t, Out& out) {
                                                                                       : 3;
   }
   out.has_row = n > 0;
-  if (n == 0) return;
+  if (n == 0) return nullptr;
   if (t.scalar_type() == at::kBool) {
     bool_row(t, out);
-    return;
+    return nullptr;
   }
   int slot = kernel_slot(t.scalar_type());
   at::Tensor x = t, where;
@@ -374,9 +376,11 @@ void summarise(const at::Tensor& t, Out& out) {
   if (t.has_storage() && t.is_contiguous() && kernel_slot(t.scalar_type()) >= 0) {
     if (state->seen.size() > 4096) state->seen.clear();
     const c10::Storage& storage = t.storage();
-    state->seen.insert_or_assign(Where{storage.unsafeGetStorageImpl(), t.storage_offset(), n, out.dtype},
-                                 Seen{c10::weak_intrusive_ptr<c10::StorageImpl>(storage.getWeakStorageImpl()), out.row});
+    return &state->seen.insert_or_assign(Where{storage.unsafeGetStorageImpl(), t.storage_offset(), n, out.dtype},
+                                         Seen{c10::weak_intrusive_ptr<c10::StorageImpl>(storage.getWeakStorageImpl()), out.row})
+                .first->second;
   }
+  return nullptr;
 }
 
 double element(const at::Tensor& t, int64_t i) {
@@ -432,34 +436,51 @@ py::object row_of(const at::Tensor& t) {
   return out;
 }
 
+// Full mode: the name of the tensor stored from `t` itself at its current version (Recorder.stored),
+// or nullptr (records_lock held).
+const std::string* stored_as(const at::Tensor& t) {
+  if (t.is_inference()) return nullptr;  // no version counter: never matched
+  auto it = state->stored.find(t.unsafeGetTensorImpl());
+  if (it == state->stored.end()) return nullptr;
+  auto held = it->second.impl.lock();
+  if (held.get() != t.unsafeGetTensorImpl() || it->second.version != static_cast<int64_t>(t._version())) return nullptr;
+  return &it->second.name;
+}
+
 // Full mode, Recorder._store's rules for an output recorded here (records_lock held): the name of the
-// tensor its record gives. The same tensor at the same version, or (`alias`) a tensor stored from the
-// same memory whose row this output reuses, is not stored again; anything else is queued for Python
-// under `name` (written in place: `mutated`, never matched).
-std::string store(const at::Tensor& t, const std::string& name, bool mutated, Seen* alias) {
-  const bool versioned = !t.is_inference();
-  if (!mutated && versioned) {
-    auto it = state->stored.find(t.unsafeGetTensorImpl());
-    if (it != state->stored.end()) {
-      auto held = it->second.impl.lock();
-      if (held.get() == t.unsafeGetTensorImpl() && it->second.version == static_cast<int64_t>(t._version()))
-        return it->second.name;
-    }
+// tensor its record gives. The same tensor at the same version, or (`aliased`) a tensor stored from
+// the same memory whose row this output reuses (`memory`'s), is not stored again; anything else is
+// queued for Python under `name` (written in place: `mutated`, never matched).
+std::string store(const at::Tensor& t, const std::string& name, bool mutated, Seen* memory, bool aliased) {
+  if (!mutated) {
+    if (const std::string* prior = stored_as(t)) return *prior;
+    if (aliased && !memory->tensor.empty()) return memory->tensor;
   }
-  if (!mutated && alias != nullptr && !alias->tensor.empty()) return alias->tensor;
   at::Tensor bytes = quietly([&] { return t.contiguous().reshape(-1).view(at::kByte); });
   state->pending_bytes += bytes.numel();
   state->pending.push_back({name, static_cast<int8_t>(t.scalar_type()), std::vector<int64_t>(t.sizes().begin(), t.sizes().end()),
                             std::move(bytes)});
-  if (!mutated && versioned) {
+  if (mutated) return name;
+  if (!t.is_inference()) {
     if (state->stored.size() > (1 << 16)) state->stored.clear();
-    state->stored.insert_or_assign(t.unsafeGetTensorImpl(), Stored{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(t.getIntrusivePtr()), static_cast<int64_t>(t._version()), name});
+    state->stored.insert_or_assign(t.unsafeGetTensorImpl(),
+                                   Stored{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(t.getIntrusivePtr()),
+                                          static_cast<int64_t>(t._version()), name});
   }
-  if (!mutated) {
-    Seen* here = alias != nullptr ? alias : seen_entry(t);
-    if (here != nullptr) here->tensor = name;
-  }
+  if (memory != nullptr) memory->tensor = name;
   return name;
+}
+
+// One recorded output: its row (the earlier row of the same unchanged memory, as StatsBatch.add reuses
+// it, unless the op wrote in place; else summarised) and in full mode the name of its stored tensor
+// (`name()` builds the record's own).
+template <typename Name>
+void record_output(const at::Tensor& t, Out& out, bool mutated, Name&& name) {
+  Seen* alias = mutated ? nullptr : seen_entry(t);
+  Seen* memory = alias;
+  if (alias != nullptr) reuse_row(t, *alias, out);
+  else memory = summarise(t, out);
+  if (state->full) out.tensor = store(t, name(), mutated, memory, alias != nullptr);
 }
 
 // For the recorder's Python path (Recorder._store, full mode): the name of a tensor stored here that
@@ -468,14 +489,7 @@ std::string store(const at::Tensor& t, const std::string& name, bool mutated, Se
 py::object stored_name(const at::Tensor& t, bool share) {
   std::lock_guard<std::mutex> lock(records_lock);
   if (state == nullptr || !state->full || !t.defined()) return py::none();
-  if (!t.is_inference()) {
-    auto it = state->stored.find(t.unsafeGetTensorImpl());
-    if (it != state->stored.end()) {
-      auto held = it->second.impl.lock();
-      if (held.get() == t.unsafeGetTensorImpl() && it->second.version == static_cast<int64_t>(t._version()))
-        return py::str(it->second.name);
-    }
-  }
+  if (const std::string* prior = stored_as(t)) return py::str(*prior);
   if (share) {
     const Seen* seen = seen_entry(t);
     if (seen != nullptr && !seen->tensor.empty()) return py::str(seen->tensor);
@@ -652,14 +666,9 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
       Out& out = state->outs.emplace_back();
       out.call = call_index;
       out.output = out_i++;
-      // an output holding the memory of one summarised since the last in-place write reuses its row
-      // (StatsBatch.add; an op that wrote in place is summarised again)
-      Seen* alias = info.mutates ? nullptr : seen_entry(t);
-      if (alias != nullptr) reuse_row(t, *alias, out);
-      else summarise(t, out);
-      if (state->full)
-        out.tensor = store(t, record_id(call.module, state->names[static_cast<size_t>(info.name)], ordinal, out.output),
-                           info.mutates, alias);
+      record_output(t, out, info.mutates, [&] {
+        return record_id(call.module, state->names[static_cast<size_t>(info.name)], ordinal, out.output);
+      });
       return true;
     });
     state->calls.push_back(std::move(call));
@@ -695,10 +704,7 @@ bool record_module(int module, const std::vector<at::Tensor>& outs, const std::v
     Out& out = state->outs.emplace_back();
     out.call = call_index;
     out.output = out_i++;
-    Seen* alias = seen_entry(t);
-    if (alias != nullptr) reuse_row(t, *alias, out);
-    else summarise(t, out);
-    if (state->full) out.tensor = store(t, record_id(module, "forward", ordinal, out.output), false, alias);
+    record_output(t, out, false, [&] { return record_id(module, "forward", ordinal, out.output); });
   }
   state->calls.push_back(std::move(call));
   return true;  // the caller (Python) takes the pending tensors next
