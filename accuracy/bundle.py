@@ -745,6 +745,16 @@ class Bundle:
             return self._array(info), "BF16"
         return decode(self._array(info), info.dtype), None
 
+    def buffer(self) -> np.ndarray:
+        """The whole file as flat read-only bytes (memory-mapped): for kernels that read many tensors in
+        one call, at the offsets :meth:`span` gives."""
+        return np.frombuffer(self._mapped(), np.uint8)
+
+    def span(self, name: str) -> tuple[int, int, str]:
+        """``(offset in buffer(), byte count, stored dtype tag)`` of a tensor."""
+        info = self.tensors[name]
+        return self._data_start + info.begin, info.end - info.begin, info.dtype
+
     def values(self, name: str) -> np.ndarray:
         """The tensor as a numeric numpy array, decoding BF16/F8 to float32 (lazily mapped)."""
         info = self.tensors[name]

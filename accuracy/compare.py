@@ -30,7 +30,7 @@ from accuracy.gcpause import paused_gc
 from accuracy.fingerprints import ParameterDifference, input_difference, parameter_differences
 from accuracy.manifest import Record, shape_signature
 from accuracy.records import KINDS, RecordIndex
-from accuracy.metrics import Metrics, compare_arrays, compare_discrete, compare_stats, is_float_dtype
+from accuracy.metrics import Metrics, PairBatch, compare_arrays, compare_discrete, compare_stats, is_float_dtype
 from accuracy.verdicts import (
     TABLE_ORDER, VERDICT_ORDER, judge_bands, judge_budget, judge_golden, judge_nonfinite_history, worst_verdict,
 )
@@ -46,6 +46,8 @@ KEEP_ALL_RESULTS = 100_000
 JUDGE_BATCH = 4096
 #: Metrics of this many recent (reference tensor, target tensor) pairs are kept for records that share them.
 SHARED_METRICS = 1024
+#: Pairs whose small tensors are measured together (one :class:`~accuracy.metrics.PairBatch`) before judging.
+MEASURE_BATCH = 256
 
 
 @dataclass
@@ -256,10 +258,15 @@ def judge_range(plan: ComparisonPlan, start: int, stop: int,
     :func:`conclude` applies to the whole); ``progress(done, total)`` after each pair."""
     results: list[OpResult] = []
     total = stop - start
-    for i, k in enumerate(range(start, stop)):
-        results.append(plan.context.judge_pair(plan.pairs[k]))
-        if progress:
-            progress(i + 1, total)
+    ctx = plan.context
+    for lo in range(start, stop, MEASURE_BATCH):
+        pairs = [plan.pairs[k] for k in range(lo, min(stop, lo + MEASURE_BATCH))]
+        ctx.measure_ahead(pairs)
+        for pair in pairs:
+            results.append(ctx.judge_pair(pair))
+            if progress:
+                progress(len(results), total)
+        ctx.forget_ahead()
     return results
 
 
@@ -489,6 +496,42 @@ class _Context:
     target: str
     #: metrics by the stored tensor pair they were measured on (see :meth:`_measure_shared`)
     _shared: _Recent = field(default_factory=lambda: _Recent())
+    #: metrics measured ahead of judging (:meth:`measure_ahead`), by the same keys, until a record takes them
+    _ahead: dict[tuple[Any, ...], Metrics] = field(default_factory=dict)
+
+    def measure_ahead(self, pairs: Sequence[Pair]) -> None:
+        """Measure the pairs of small stored float tensors among ``pairs`` together (one
+        :class:`~accuracy.metrics.PairBatch`: one compiled call per dtype combination instead of one per
+        pair), before they are judged one by one; :meth:`_measure_shared` then takes each pair's metrics
+        from here. The same numbers as measuring each alone. Golden comparisons measure one by one."""
+        if self.golden is not None or len(pairs) < 2:
+            return
+        batch = PairBatch(self.ref.buffer(), self.tgt.buffer())
+        keys: list[tuple[Any, ...]] = []
+        for pair in pairs:
+            r, t = pair.reference, pair.target
+            key = _shared_key(self.ref, self.tgt, r, t)
+            if (key is None or key in self._shared or key in self._ahead or not same_elements(r, t)
+                    or not is_float_dtype(r.dtype) or not is_float_dtype(t.dtype)):
+                continue
+            absmax, top = key[-1], DTYPE_MAX.get(t.dtype)
+            if top is not None and absmax is not None and absmax > top:  # compared clipped: one by one
+                continue
+            if batch.add(self.ref.span(r.tensor), self.tgt.span(t.tensor), t.dtype, absmax):  # type: ignore[arg-type]
+                keys.append(key)
+                self._ahead[key] = None  # type: ignore[assignment]  # a placeholder: the key is taken
+        if not keys:
+            return
+        try:
+            measured = batch.measure()
+        except Exception:  # noqa: BLE001 - each pair is then measured alone, and any error reported with it
+            self._ahead.clear()
+            return
+        self._ahead.update(zip(keys, measured, strict=True))
+
+    def forget_ahead(self) -> None:
+        """Drop metrics measured ahead that no judged record took (pairs judged without measuring)."""
+        self._ahead.clear()
 
     def judge_pair(self, pair: Pair) -> OpResult:
         result = self._judge_values(pair)
@@ -553,6 +596,10 @@ class _Context:
         key = _shared_key(ref, tgt, r, t)
         if key is None:
             return _measure(ref, tgt, r, t)
+        ahead = self._ahead.pop(key, None)
+        if ahead is not None:
+            self._shared.put(key, ahead)
+            return ahead
         if key in self._shared:
             return _copied(self._shared[key])
         metrics = _measure(ref, tgt, r, t)

@@ -892,19 +892,32 @@ def clipped(x: np.ndarray, top: float, out: np.ndarray) -> np.ndarray:
 
 
 @numba.njit(nogil=True, cache=True)
-def pair_summary(r: Any, t: Any, guard: float, tiny: float, one_ulp: float, th0: float, th1: float, th2: float,
-                 acc: Any, codes: Any, low: int, high: int, ranks: Any, bounds: Any, ulp_scale: float, hist: Any,
-                 quantiles: Any, out: Any) -> float:  # pragma: no cover - compiled
-    """One pair's metrics in one call, into scratch arrays: ``acc`` and ``codes`` zeroed, the pair added
-    by :func:`_error_kernel`, then :func:`error_summary` when any element was counted; returns the
-    element count. What :class:`ErrorAccumulator` and ``error_summary`` do for a pair below
-    PARALLEL_MIN (one part), without two dispatches and the accumulator's allocations."""
-    acc[:] = 0.0
-    codes[:] = 0
-    _error_kernel(r, t, guard, tiny, one_ulp, th0, th1, th2, acc, codes)
-    if acc[0] > 0:
-        error_summary(acc, codes, low, high, ranks, bounds, ulp_scale, hist, quantiles, out)
-    return acc[0]
+def batch_summary(r: Any, roffs: Any, t: Any, toffs: Any, counts: Any, guards: Any, tiny: float, one_ulp: float,
+                  th0: float, th1: float, th2: float, acc: Any, codes: Any, low: int, high: int, ranks: Any, bounds: Any,
+                  ulp_scale: float, hists: Any, quantiles: Any, outs: Any, ns: Any) -> None:  # pragma: no cover - compiled
+    """Many pairs' metrics in one call. Pair ``p`` is ``r[roffs[p]:roffs[p] + counts[p]]`` against the
+    slice of ``t`` at ``toffs[p]``, with ``guards[p]``; for each, ``acc`` and ``codes`` (scratch) are
+    zeroed, the pair added by :func:`_error_kernel`, and when it counted any element :func:`error_summary`
+    fills row ``p`` of ``hists``, ``quantiles`` and ``outs``; ``ns[p]`` is its element count. What
+    :class:`ErrorAccumulator` and ``error_summary`` do for a pair below PARALLEL_MIN (one part), without
+    two dispatches per pair and the accumulator's allocations."""
+    for p in range(counts.shape[0]):
+        n = counts[p]
+        acc[:] = 0.0
+        codes[:] = 0
+        _error_kernel(r[roffs[p]:roffs[p] + n], t[toffs[p]:toffs[p] + n], guards[p], tiny, one_ulp, th0, th1, th2,
+                      acc, codes)
+        ns[p] = acc[0]
+        if acc[0] > 0:
+            error_summary(acc, codes, low, high, ranks, bounds, ulp_scale, hists[p], quantiles[p], outs[p])
+
+
+@numba.njit(nogil=True, cache=True)
+def gather_bytes(buf: Any, begins: Any, sizes: Any, slots: Any, out: Any) -> None:  # pragma: no cover - compiled
+    """Copy ``buf[begins[p]:begins[p] + sizes[p]]`` to ``out[slots[p]:]`` for every ``p`` (tensors spread over
+    a mapped file, packed into one aligned array for :func:`batch_summary`)."""
+    for p in range(begins.shape[0]):
+        out[slots[p]:slots[p] + sizes[p]] = buf[begins[p]:begins[p] + sizes[p]]
 
 
 def error_args(guard: float, tiny: float, mant: int, thresholds: tuple[float, float, float]) -> tuple[float, ...]:
@@ -1020,16 +1033,20 @@ def warm_up(errors: bool = False) -> None:
         error_summary(acc.acc, acc.hist, 1, 2, np.zeros(1), np.ones((4, 2)), 1.0, np.zeros(4, np.int64), np.zeros(1),
                       np.zeros(len(SUMMARY_FIELDS)))
         acc.acc[0] = 0.0
+        one = np.zeros(1, np.int64)
         scratch = (np.zeros(len(ACC_FIELDS)), np.zeros(N_CODES, np.int64), 1, 2, np.zeros(1), np.ones((4, 2)), 1.0,
-                   np.zeros(4, np.int64), np.zeros(1), np.zeros(len(SUMMARY_FIELDS)))
+                   np.zeros((1, 4), np.int64), np.zeros((1, 1)), np.zeros((1, len(SUMMARY_FIELDS))), np.zeros(1))
         for dt in (np.float32, np.float64, np.uint16, np.int16):
             z = np.zeros(1, dt)
             acc.add(z, z)
-            pair_summary(z, z, *acc.args, *scratch)
+            batch_summary(z, one, z, one, one, np.ones(1), *acc.args[1:], *scratch)
             clipped(z, 1.0, np.zeros(1, np.float32 if dt != np.float64 else np.float64))
         for dt in (np.uint16, np.int16):
             acc.add(np.zeros(1, np.float32), np.zeros(1, dt))
-            pair_summary(np.zeros(1, np.float32), np.zeros(1, dt), *acc.args, *scratch)
+            batch_summary(np.zeros(1, np.float32), one, np.zeros(1, dt), one, one, np.ones(1), *acc.args[1:], *scratch)
+        u8 = np.zeros(8, np.uint8)
+        gather_bytes(u8, one, one, one, u8)
+        gather_bytes(np.frombuffer(bytes(8), np.uint8), one, one, one, u8)  # a mapped (read-only) bundle
     _WARM.add(errors)
 
 

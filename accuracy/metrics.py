@@ -276,9 +276,13 @@ class _Scratch(threading.local):
     def __init__(self) -> None:
         self.acc = np.zeros(len(fused.ACC_FIELDS), np.float64)
         self.codes = np.zeros(fused.N_CODES, np.int64)
-        self.hist = np.empty(HIST_SLOTS, np.int64)
-        self.quantiles = np.empty(len(QUANTILES), np.float64)
-        self.out = np.empty(len(fused.SUMMARY_FIELDS), np.float64)
+        self.zero = np.zeros(1, np.int64)
+        self.count = np.zeros(1, np.int64)
+        self.guard = np.zeros(1, np.float64)
+        self.n = np.zeros(1, np.float64)
+        self.hist = np.empty((1, HIST_SLOTS), np.int64)
+        self.quantiles = np.empty((1, len(QUANTILES)), np.float64)
+        self.out = np.empty((1, len(fused.SUMMARY_FIELDS)), np.float64)
 
 
 _SCRATCH = _Scratch()
@@ -289,10 +293,113 @@ def _small_pair(rk: np.ndarray, tk: np.ndarray, target_dtype: str, ref_absmax: f
     accumulator's and ``_finish``'s numbers, by one compiled call (most of a model's tensors are small)."""
     s = _SCRATCH
     mant, tiny = FLOAT_FORMATS.get(target_dtype, FLOAT_FORMATS["float32"])
-    args = fused.error_args(_guard(target_dtype, ref_absmax), tiny, mant, REL_THRESHOLDS)
-    n = int(fused.pair_summary(rk, tk, *args, s.acc, s.codes, _CODE_LOW, _CODE_HIGH, _QUANTILE_RANKS,
-                               _SLOT_BOUND_ARRAY, 2.0**mant, s.hist, s.quantiles, s.out))
-    return _summarised(n, s.hist, s.quantiles, s.out) if n else _no_elements()
+    guard, *args = fused.error_args(_guard(target_dtype, ref_absmax), tiny, mant, REL_THRESHOLDS)
+    s.count[0], s.guard[0] = rk.shape[0], guard
+    fused.batch_summary(rk, s.zero, tk, s.zero, s.count, s.guard, *args, s.acc, s.codes, _CODE_LOW, _CODE_HIGH,
+                        _QUANTILE_RANKS, _SLOT_BOUND_ARRAY, 2.0**mant, s.hist, s.quantiles, s.out, s.n)
+    n = int(s.n[0])
+    return _summarised(n, s.hist[0], s.quantiles[0], s.out[0]) if n else _no_elements()
+
+
+#: Pairs of at most this many elements are measured by :class:`PairBatch` (larger ones: one call each).
+BATCH_MAX = 1 << 16
+#: numpy dtype the error kernel reads for each stored dtype tag it reads undecoded.
+_KERNEL_WORDS = {"F32": np.dtype(np.float32), "F64": np.dtype(np.float64), "BF16": np.dtype(np.uint16),
+                 "F16": np.dtype(np.int16)}
+_SLOT_ALIGN = 8  # each pair's values start 8-byte aligned in the packed array
+
+
+@dataclass
+class _Group:
+    """The pairs of one :class:`PairBatch` with the same stored dtypes and target format."""
+
+    ref_words: np.dtype
+    tgt_words: np.dtype
+    mant: int
+    tiny: float
+    positions: list[int] = field(default_factory=list)  # where each pair's Metrics goes in the batch's result
+    ref_at: list[int] = field(default_factory=list)
+    tgt_at: list[int] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)
+    guards: list[float] = field(default_factory=list)
+
+
+class PairBatch:
+    """Small (reference, target) pairs that lie in two byte buffers (e.g. two mapped bundles), measured
+    together: their bytes packed into one array a side, then one compiled call per combination of
+    stored dtypes. Each pair gets exactly the :class:`Metrics` :func:`compare_arrays` gives it alone."""
+
+    def __init__(self, reference: np.ndarray, target: np.ndarray) -> None:
+        """``reference``, ``target``: flat uint8 arrays the pairs' byte offsets point into."""
+        self._buffers = (reference, target)
+        self._groups: dict[tuple[str, str, str], _Group] = {}
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def add(self, reference: tuple[int, int, str], target: tuple[int, int, str], target_dtype: str,
+            ref_absmax: float | None) -> bool:
+        """Queue a pair, each side as ``(byte offset into its buffer, byte count, stored dtype tag)`` (what
+        ``Bundle.span`` gives); ``target_dtype`` and ``ref_absmax`` as for :func:`compare_arrays`. False
+        (nothing queued) when the pair is not one to batch: larger than :data:`BATCH_MAX` elements, stored
+        in a form the kernel does not read undecoded (FP8, integers), or of different sizes."""
+        (ref_at, ref_bytes, ref_tag), (tgt_at, tgt_bytes, tgt_tag) = reference, target
+        rw, tw = _KERNEL_WORDS.get(ref_tag), _KERNEL_WORDS.get(tgt_tag)
+        if rw is None or tw is None:
+            return False
+        numel, rest = divmod(ref_bytes, rw.itemsize)
+        if numel > BATCH_MAX or rest or tgt_bytes != numel * tw.itemsize:
+            return False
+        fmt = target_dtype if target_dtype in FLOAT_FORMATS else "float32"
+        group = self._groups.get((ref_tag, tgt_tag, fmt))
+        if group is None:
+            group = self._groups[(ref_tag, tgt_tag, fmt)] = _Group(rw, tw, *FLOAT_FORMATS[fmt])
+        group.positions.append(self._count)
+        group.ref_at.append(ref_at)
+        group.tgt_at.append(tgt_at)
+        group.counts.append(numel)
+        group.guards.append(_guard(target_dtype, ref_absmax))
+        self._count += 1
+        return True
+
+    def measure(self) -> list[Metrics]:
+        """The queued pairs' metrics, in the order they were added."""
+        out: list[Metrics | None] = [None] * self._count
+        for group in self._groups.values():
+            for position, metrics in zip(group.positions, self._measure_group(group), strict=True):
+                out[position] = metrics
+        return out  # type: ignore[return-value]
+
+    def _measure_group(self, g: _Group) -> list[Metrics]:
+        counts = np.array(g.counts, np.int64)
+        r, roffs = _packed(self._buffers[0], g.ref_at, counts, g.ref_words)
+        t, toffs = _packed(self._buffers[1], g.tgt_at, counts, g.tgt_words)
+        k = len(counts)
+        hists = np.empty((k, HIST_SLOTS), np.int64)
+        quantiles = np.empty((k, len(QUANTILES)), np.float64)
+        outs = np.empty((k, len(fused.SUMMARY_FIELDS)), np.float64)
+        ns = np.zeros(k, np.float64)
+        s = _SCRATCH
+        _, *args = fused.error_args(0.0, g.tiny, g.mant, REL_THRESHOLDS)
+        fused.batch_summary(r, roffs, t, toffs, counts, np.array(g.guards, np.float64), *args, s.acc, s.codes,
+                            _CODE_LOW, _CODE_HIGH, _QUANTILE_RANKS, _SLOT_BOUND_ARRAY, 2.0**g.mant, hists, quantiles,
+                            outs, ns)
+        return [_metrics_of(int(n), h, q, o) if n else _no_elements()
+                for n, h, q, o in zip(ns.tolist(), hists.tolist(), quantiles.tolist(), outs.tolist(), strict=True)]
+
+
+def _packed(buffer: np.ndarray, begins: list[int], counts: np.ndarray, words: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """The values at ``begins`` (byte offsets into ``buffer``, ``counts`` elements of ``words`` each) copied
+    into one array, each pair's values 8-byte aligned; returns it and each pair's element offset."""
+    sizes = counts * words.itemsize
+    padded = (sizes + _SLOT_ALIGN - 1) // _SLOT_ALIGN * _SLOT_ALIGN
+    slots = np.zeros(len(sizes), np.int64)
+    np.cumsum(padded[:-1], out=slots[1:])
+    total = int(slots[-1] + padded[-1]) if len(sizes) else 0
+    packed = np.empty(max(total, _SLOT_ALIGN), np.uint8)
+    fused.gather_bytes(buffer, np.array(begins, np.int64), sizes, slots, packed)
+    return packed.view(words), slots // words.itemsize
 
 
 def _no_elements() -> Metrics:
@@ -302,11 +409,16 @@ def _no_elements() -> Metrics:
 
 def _summarised(n: int, hist: np.ndarray, quantiles: np.ndarray, out: np.ndarray) -> Metrics:
     """Metrics from error_summary's outputs (copied out of the arrays)."""
+    return _metrics_of(n, hist.tolist(), quantiles.tolist(), out.tolist())
+
+
+def _metrics_of(n: int, hist: list[int], quantiles: list[float], out: list[float]) -> Metrics:
+    """Metrics from error_summary's outputs as lists (``hist`` becomes the Metrics' own list)."""
     (max_abs, mean_abs, rmse, max_rel, mean_rel, cosine, snr_db, norm_l2, ulp_max, ulp_mean, over_ulp, r0, r1, r2,
-     balance, nan_mm, inf_mm, nan_rf, exact_share) = out.tolist()
+     balance, nan_mm, inf_mm, nan_rf, exact_share) = out
     return Metrics(n, max_abs, mean_abs, rmse, max_rel, mean_rel, cosine, snr_db, norm_l2, ulp_max, ulp_mean, over_ulp,
                    dict(zip(_REL_KEYS, (r0, r1, r2), strict=True)), balance, int(nan_mm), int(inf_mm), int(nan_rf),
-                   exact_share, dict(zip(_QNAMES, quantiles.tolist(), strict=True)), hist.tolist())
+                   exact_share, dict(zip(_QNAMES, quantiles, strict=True)), hist)
 
 
 _A_NUMEL = fused.A["numel"]

@@ -319,7 +319,7 @@ def test_both_float16_decodes_are_exact_on_every_word() -> None:
 
 @pytest.mark.parametrize("kind", ["f32", "f64", "bf16-words", "f16", "non-finite", "empty"])
 def test_small_pairs_take_one_call_with_the_accumulators_numbers(kind: str) -> None:
-    """Pairs below PARALLEL_MIN go through fused.pair_summary into per-thread scratch buffers: every
+    """Pairs below PARALLEL_MIN go through fused.batch_summary into per-thread scratch buffers: every
     field equals what the ErrorAccumulator and error_summary path gives, bit for bit."""
     rng = np.random.default_rng(3)
     r = rng.standard_normal(1000).astype(np.float32) * 10.0
