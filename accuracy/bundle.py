@@ -963,6 +963,8 @@ def _parse_header(text: str) -> tuple[Any, TensorTable]:
             if canonical is not None and canonical[1] != "__metadata__":
                 canonical_run.append(canonical.groups())
                 pos = canonical.end()
+                if len(canonical_run) == _CANONICAL_RUN:  # bounded: a million entries' strings would be ~350 MB
+                    _add_canonical(table, canonical_run)
             else:
                 _add_canonical(table, canonical_run)
                 name, pos = scanstring(text, expect('"', pos), True)
@@ -994,6 +996,8 @@ def _parse_header(text: str) -> tuple[Any, TensorTable]:
 
 
 _JSON_SPACE = frozenset(" \t\n\r")  # what _WS skips (not "": a slice past the end is empty)
+#: header entries matched and held before they are checked and added in bulk (:func:`_add_canonical`)
+_CANONICAL_RUN = 4096
 
 
 def _add_canonical(table: TensorTable, run: list[tuple[str, ...]]) -> None:

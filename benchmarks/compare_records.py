@@ -88,6 +88,8 @@ from accuracy.metrics import compare_arrays
 from accuracy.bundle import Bundle
 try:  # load (or compile) the metric kernels outside the timing, as a long-lived worker has them
     from accuracy import fused
+    if hasattr(fused, "warm_up"):
+        fused.warm_up(errors=True)
     compare_arrays(np.zeros(4, np.float32), np.zeros(4, np.uint16), "bfloat16", stored_dtype="BF16")
 except (ImportError, TypeError):
     compare_arrays(np.zeros(4, np.float32), np.zeros(4, np.float32), "bfloat16")

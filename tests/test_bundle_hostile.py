@@ -144,3 +144,35 @@ def test_runs_of_writer_entries_are_checked_in_bulk_and_in_order(tmp_path: Path)
     begin = header["t3"]["data_offsets"][0]
     with pytest.raises(BundleError, match=f"tensor 't3': data_offsets \\[{begin}, {begin + 7}\\] do not match shape"):
         Bundle.open(rewrite("bad.bundle", {"t3": {"data_offsets": [begin, begin + 7]}}))
+
+
+def test_a_long_run_of_writer_entries_is_added_in_bounded_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A header of 60k writer-spelled entries: its matched entries are checked and added a bounded run at a
+    time (a million held at once took ~350 MB), in order, and a bad entry past the first run is still named."""
+    import json
+    import tracemalloc
+
+    import accuracy.bundle as bundle_module
+    from accuracy.errors import BundleError
+
+    n = 60_000
+    entries = [json.dumps(f"tensor.{i:06d}") + ":" + json.dumps(
+        {"dtype": "F32", "shape": [2, 2], "data_offsets": [16 * i, 16 * i + 16]}, separators=(",", ":")) for i in range(n)]
+    text = "{" + ",".join(entries) + "}"
+    held: list[int] = []
+    add = bundle_module._add_canonical
+    monkeypatch.setattr(bundle_module, "_add_canonical", lambda table, run: (held.append(len(run)), add(table, run)))
+    tracemalloc.start()
+    try:
+        _, table = bundle_module._parse_header(text)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert max(held) == bundle_module._CANONICAL_RUN and sum(held) == n
+    assert [table.name(s) for s in (0, 4095, 4096, n - 1)] == ["tensor.000000", "tensor.004095", "tensor.004096",
+                                                                f"tensor.{n - 1:06d}"]
+    assert table[f"tensor.{n - 1:06d}"].begin == 16 * (n - 1)
+    assert peak < 16e6, f"parsing held {peak / 1e6:.1f} MB"  # the run held whole: ~25 MB
+    entries[50_000] = entries[50_000].replace('"data_offsets":[800000,800016]', '"data_offsets":[800000,800017]')
+    with pytest.raises(BundleError, match="tensor 'tensor.050000': data_offsets"):
+        bundle_module._parse_header("{" + ",".join(entries) + "}")
