@@ -508,24 +508,26 @@ class _Context:
             return
         batch = PairBatch(self.ref.buffer(), self.tgt.buffer())
         keys: list[tuple[Any, ...]] = []
+        queued: set[tuple[Any, ...]] = set()
         for pair in pairs:
             r, t = pair.reference, pair.target
             key = _shared_key(self.ref, self.tgt, r, t)
-            if (key is None or key in self._shared or key in self._ahead or not same_elements(r, t)
+            if (key is None or key in queued or key in self._shared or not same_elements(r, t)
                     or not is_float_dtype(r.dtype) or not is_float_dtype(t.dtype)):
                 continue
-            absmax, top = key[-1], DTYPE_MAX.get(t.dtype)
+            absmax = r.stats.absmax if r.stats else None
+            top = DTYPE_MAX.get(t.dtype)
             if top is not None and absmax is not None and absmax > top:  # compared clipped: one by one
                 continue
-            if batch.add(self.ref.span(r.tensor), self.tgt.span(t.tensor), t.dtype, absmax):  # type: ignore[arg-type]
+            assert r.tensor is not None and t.tensor is not None  # a shared key names both
+            if batch.add(self.ref.span(r.tensor), self.tgt.span(t.tensor), t.dtype, absmax):
                 keys.append(key)
-                self._ahead[key] = None  # type: ignore[assignment]  # a placeholder: the key is taken
+                queued.add(key)
         if not keys:
             return
         try:
             measured = batch.measure()
         except Exception:  # noqa: BLE001 - each pair is then measured alone, and any error reported with it
-            self._ahead.clear()
             return
         self._ahead.update(zip(keys, measured, strict=True))
 

@@ -1044,6 +1044,11 @@ def warm_up(errors: bool = False) -> None:
         for dt in (np.uint16, np.int16):
             acc.add(np.zeros(1, np.float32), np.zeros(1, dt))
             batch_summary(np.zeros(1, np.float32), one, np.zeros(1, dt), one, one, np.ones(1), *acc.args[1:], *scratch)
+        for rt, tt in ((np.float32, np.float32), (np.float32, np.uint16), (np.float32, np.int16), (np.uint16, np.uint16),
+                       (np.int16, np.int16)):  # a comparison reads the pairs where they lie in the mapped bundles
+            r, t = np.zeros(1, rt), np.zeros(1, tt)
+            r.flags.writeable = t.flags.writeable = False
+            batch_summary(r, one, t, one, one, np.ones(1), *acc.args[1:], *scratch)
         u8 = np.zeros(8, np.uint8)
         gather_bytes(u8, one, one, one, u8)
         gather_bytes(np.frombuffer(bytes(8), np.uint8), one, one, one, u8)  # a mapped (read-only) bundle

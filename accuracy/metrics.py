@@ -301,8 +301,10 @@ def _small_pair(rk: np.ndarray, tk: np.ndarray, target_dtype: str, ref_absmax: f
     return _summarised(n, s.hist[0], s.quantiles[0], s.out[0]) if n else _no_elements()
 
 
-#: Pairs of at most this many elements are measured by :class:`PairBatch` (larger ones: one call each).
+#: Pairs of at most this many elements are measured by :class:`PairBatch` (larger ones: one call each) …
 BATCH_MAX = 1 << 16
+#: … and of at most this many when a side's values lie unaligned in its buffer and must be copied.
+PACK_MAX = 1 << 12
 #: numpy dtype the error kernel reads for each stored dtype tag it reads undecoded.
 _KERNEL_WORDS = {"F32": np.dtype(np.float32), "F64": np.dtype(np.float64), "BF16": np.dtype(np.uint16),
                  "F16": np.dtype(np.int16)}
@@ -317,6 +319,8 @@ class _Group:
     tgt_words: np.dtype
     mant: int
     tiny: float
+    ref_aligned: bool  # every pair's values lie aligned in the buffer: read in place (else copied)
+    tgt_aligned: bool
     positions: list[int] = field(default_factory=list)  # where each pair's Metrics goes in the batch's result
     ref_at: list[int] = field(default_factory=list)
     tgt_at: list[int] = field(default_factory=list)
@@ -326,12 +330,15 @@ class _Group:
 
 class PairBatch:
     """Small (reference, target) pairs that lie in two byte buffers (e.g. two mapped bundles), measured
-    together: their bytes packed into one array a side, then one compiled call per combination of
-    stored dtypes. Each pair gets exactly the :class:`Metrics` :func:`compare_arrays` gives it alone."""
+    together: one compiled call per combination of stored dtypes reads them where they lie (values
+    aligned to their size) or packed into one array (values a writer left unaligned: copied, so at most
+    :data:`PACK_MAX` elements a pair). Each pair gets exactly the :class:`Metrics` :func:`compare_arrays`
+    gives it alone."""
 
     def __init__(self, reference: np.ndarray, target: np.ndarray) -> None:
         """``reference``, ``target``: flat uint8 arrays the pairs' byte offsets point into."""
         self._buffers = (reference, target)
+        self._bases = (reference.ctypes.data, target.ctypes.data)
         self._groups: dict[tuple[str, str, str], _Group] = {}
         self._count = 0
 
@@ -349,12 +356,15 @@ class PairBatch:
         if rw is None or tw is None:
             return False
         numel, rest = divmod(ref_bytes, rw.itemsize)
-        if numel > BATCH_MAX or rest or tgt_bytes != numel * tw.itemsize:
+        ref_aligned = (self._bases[0] + ref_at) % rw.itemsize == 0
+        tgt_aligned = (self._bases[1] + tgt_at) % tw.itemsize == 0
+        if numel > (BATCH_MAX if ref_aligned and tgt_aligned else PACK_MAX) or rest or tgt_bytes != numel * tw.itemsize:
             return False
         fmt = target_dtype if target_dtype in FLOAT_FORMATS else "float32"
-        group = self._groups.get((ref_tag, tgt_tag, fmt))
+        where = (ref_tag, tgt_tag, fmt, ref_aligned, tgt_aligned)
+        group = self._groups.get(where)
         if group is None:
-            group = self._groups[(ref_tag, tgt_tag, fmt)] = _Group(rw, tw, *FLOAT_FORMATS[fmt])
+            group = self._groups[where] = _Group(rw, tw, *FLOAT_FORMATS[fmt], ref_aligned, tgt_aligned)
         group.positions.append(self._count)
         group.ref_at.append(ref_at)
         group.tgt_at.append(tgt_at)
@@ -373,8 +383,8 @@ class PairBatch:
 
     def _measure_group(self, g: _Group) -> list[Metrics]:
         counts = np.array(g.counts, np.int64)
-        r, roffs = _packed(self._buffers[0], g.ref_at, counts, g.ref_words)
-        t, toffs = _packed(self._buffers[1], g.tgt_at, counts, g.tgt_words)
+        r, roffs = _values(self._buffers[0], self._bases[0], g.ref_at, counts, g.ref_words, g.ref_aligned)
+        t, toffs = _values(self._buffers[1], self._bases[1], g.tgt_at, counts, g.tgt_words, g.tgt_aligned)
         k = len(counts)
         hists = np.empty((k, HIST_SLOTS), np.int64)
         quantiles = np.empty((k, len(QUANTILES)), np.float64)
@@ -387,6 +397,18 @@ class PairBatch:
                             outs, ns)
         return [_metrics_of(int(n), h, q, o) if n else _no_elements()
                 for n, h, q, o in zip(ns.tolist(), hists.tolist(), quantiles.tolist(), outs.tolist(), strict=True)]
+
+
+def _values(buffer: np.ndarray, base: int, begins: list[int], counts: np.ndarray, words: np.dtype,
+            aligned: bool) -> tuple[np.ndarray, np.ndarray]:
+    """One side of a group: an array of ``words`` holding every pair's values, and each pair's element
+    offset in it; ``buffer`` itself (its address ``base``) when every pair's values lie aligned there."""
+    if not aligned:
+        return _packed(buffer, begins, counts, words)
+    size = words.itemsize
+    lead = -base % size  # the first aligned byte
+    whole = buffer[lead : lead + (buffer.shape[0] - lead) // size * size].view(words)
+    return whole, (np.array(begins, np.int64) - lead) // size
 
 
 def _packed(buffer: np.ndarray, begins: list[int], counts: np.ndarray, words: np.dtype) -> tuple[np.ndarray, np.ndarray]:

@@ -46,29 +46,39 @@ def _case(n: int, kind: str) -> tuple[np.ndarray, np.ndarray]:
     return r, t
 
 
+@pytest.mark.parametrize("layout", ["aligned", "unaligned"])
 @pytest.mark.parametrize("ref_tag,tgt_tag,target_dtype", [
     ("F32", "BF16", "bfloat16"), ("F32", "F16", "float16"), ("F32", "F32", "float32"), ("F64", "F32", "float32"),
     ("F64", "F64", "float64"), ("BF16", "BF16", "bfloat16"), ("F16", "F32", "float32"), ("F32", "F32", "float8_e4m3fn"),
     ("F32", "F32", "int8"),
 ])
-def test_a_batch_gives_each_pair_what_compare_arrays_gives_it(ref_tag: str, tgt_tag: str, target_dtype: str) -> None:
-    """Pairs at odd byte offsets of two buffers, of sizes 0 to 5000 elements (across the kernel's 512-element
-    blocks), with and without a known reference absmax, with NaN/Inf, equal values and zero references:
-    every field of every Metrics equals the pair measured alone."""
-    ref_buf, tgt_buf = bytearray(b"\x01"), bytearray(b"\x02\x03\x04")  # every pair starts unaligned
+def test_a_batch_gives_each_pair_what_compare_arrays_gives_it(ref_tag: str, tgt_tag: str, target_dtype: str,
+                                                              layout: str) -> None:
+    """Pairs of sizes 0 to 5000 elements (across the kernel's 512-element blocks), with and without a known
+    reference absmax, with NaN/Inf, equal values and zero references, read where they lie (aligned) or
+    copied (at odd byte offsets; at most PACK_MAX elements): every field of every Metrics equals the pair
+    measured alone."""
+    pad = 8 if layout == "aligned" else 1
+    ref_buf, tgt_buf = bytearray(b"\x01" * pad), bytearray(b"\x02\x03\x04" if pad == 1 else b"\x02" * 16)
+    sizes = [(0, "plain"), (1, "plain"), (3, "equal"), (64, "plain"), (64, "non-finite"), (511, "zeros"),
+             (513, "plain"), (M.PACK_MAX if pad == 1 else 5000, "non-finite"), (700, "equal")]
     queued: list[tuple[int, int, int, int, float | None]] = []
     expected: list[M.Metrics] = []
-    for i, (n, kind) in enumerate([(0, "plain"), (1, "plain"), (3, "equal"), (64, "plain"), (64, "non-finite"),
-                                   (511, "zeros"), (513, "plain"), (5000, "non-finite"), (700, "equal")]):
+    for i, (n, kind) in enumerate(sizes):
         r, t = _case(n, kind)
         rs, ts = _stored(r, ref_tag), _stored(t, tgt_tag)
         absmax = float(np.max(np.abs(r[np.isfinite(r)]))) if i % 2 and n else None
         expected.append(M.compare_arrays(rs, ts, target_dtype, absmax, reference_dtype=ref_tag if ref_tag == "BF16" else None,
                                          stored_dtype=tgt_tag if tgt_tag == "BF16" else None))
         queued.append((len(ref_buf), rs.nbytes, len(tgt_buf), ts.nbytes, absmax))
-        ref_buf += rs.tobytes() + b"\x05" * (i % 3)
-        tgt_buf += ts.tobytes() + b"\x06" * (i % 5)
-    batch = M.PairBatch(np.frombuffer(bytes(ref_buf), np.uint8), np.frombuffer(bytes(tgt_buf), np.uint8))
+        ref_buf += rs.tobytes() + b"\x05" * (i % 3 if pad == 1 else -rs.nbytes % 8)
+        tgt_buf += ts.tobytes() + b"\x06" * (i % 5 if pad == 1 else -ts.nbytes % 8 + 8)
+    # buffers at 8-byte aligned addresses, as a mapped file's
+    ref_arr = np.zeros((len(ref_buf) + 7) // 8, np.uint64).view(np.uint8)[: len(ref_buf)]
+    tgt_arr = np.zeros((len(tgt_buf) + 7) // 8, np.uint64).view(np.uint8)[: len(tgt_buf)]
+    ref_arr[:], tgt_arr[:] = np.frombuffer(bytes(ref_buf), np.uint8), np.frombuffer(bytes(tgt_buf), np.uint8)
+    ref_arr.flags.writeable = tgt_arr.flags.writeable = False  # as a mapped bundle's
+    batch = M.PairBatch(ref_arr, tgt_arr)
     for ra, rb, ta, tb, absmax in queued:
         assert batch.add((ra, rb, ref_tag), (ta, tb, tgt_tag), target_dtype, absmax)
     assert len(batch) == len(queued)
@@ -86,8 +96,11 @@ def test_a_batch_refuses_what_it_cannot_read_undecoded() -> None:
     assert not batch.add((0, 6, "F32"), (0, 3, "BF16"), "bfloat16", None)  # not whole elements
     big = (M.BATCH_MAX + 1) * 4
     assert not batch.add((0, big, "F32"), (0, big, "F32"), "float32", None)
+    copied = (M.PACK_MAX + 1) * 4  # unaligned values are copied: at most PACK_MAX elements
+    assert not batch.add((2, copied, "F32"), (0, copied, "F32"), "float32", None)
     assert len(batch) == 0 and batch.measure() == []
     assert batch.add((0, M.BATCH_MAX * 4, "F32"), (0, M.BATCH_MAX * 2, "BF16"), "bfloat16", None)
+    assert batch.add((2, M.PACK_MAX * 4, "F32"), (0, M.PACK_MAX * 4, "F32"), "float32", None)
 
 
 def _record(i: int, name: str | None, shape: list[int], dtype: str, absmax: float | None, op: str = "aten.mul",
