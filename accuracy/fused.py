@@ -1013,8 +1013,9 @@ def _pool() -> ThreadPoolExecutor:
 
 def warm_up(errors: bool = False) -> None:
     """Compile (or load from numba's cache) the statistics kernels for every encoding, and with
-    ``errors`` the error kernel for same-typed pairs and for a float32 reference against bfloat16 and
-    float16 words (a low-precision port), and the clamp, outside a hot loop. Once per process and kind:
+    ``errors`` the error kernel (alone and in :func:`batch_summary`) for same-typed pairs and for a float32
+    reference against bfloat16 and float16 words (a low-precision port), in memory and read in place from
+    mapped bundles, and the clamp and the byte gather, outside a hot loop. Once per process and kind:
     every capture calls it, and after the first the kernels are loaded."""
     if errors in _WARM:
         return
@@ -1033,25 +1034,25 @@ def warm_up(errors: bool = False) -> None:
         error_summary(acc.acc, acc.hist, 1, 2, np.zeros(1), np.ones((4, 2)), 1.0, np.zeros(4, np.int64), np.zeros(1),
                       np.zeros(len(SUMMARY_FIELDS)))
         acc.acc[0] = 0.0
-        one = np.zeros(1, np.int64)
+        nil = np.zeros(1, np.int64)  # offset 0, count 0: compiles the call, measures nothing
         scratch = (np.zeros(len(ACC_FIELDS)), np.zeros(N_CODES, np.int64), 1, 2, np.zeros(1), np.ones((4, 2)), 1.0,
                    np.zeros((1, 4), np.int64), np.zeros((1, 1)), np.zeros((1, len(SUMMARY_FIELDS))), np.zeros(1))
         for dt in (np.float32, np.float64, np.uint16, np.int16):
             z = np.zeros(1, dt)
             acc.add(z, z)
-            batch_summary(z, one, z, one, one, np.ones(1), *acc.args[1:], *scratch)
+            batch_summary(z, nil, z, nil, nil, np.ones(1), *acc.args[1:], *scratch)
             clipped(z, 1.0, np.zeros(1, np.float32 if dt != np.float64 else np.float64))
         for dt in (np.uint16, np.int16):
             acc.add(np.zeros(1, np.float32), np.zeros(1, dt))
-            batch_summary(np.zeros(1, np.float32), one, np.zeros(1, dt), one, one, np.ones(1), *acc.args[1:], *scratch)
+            batch_summary(np.zeros(1, np.float32), nil, np.zeros(1, dt), nil, nil, np.ones(1), *acc.args[1:], *scratch)
         for rt, tt in ((np.float32, np.float32), (np.float32, np.uint16), (np.float32, np.int16), (np.uint16, np.uint16),
                        (np.int16, np.int16)):  # a comparison reads the pairs where they lie in the mapped bundles
             r, t = np.zeros(1, rt), np.zeros(1, tt)
             r.flags.writeable = t.flags.writeable = False
-            batch_summary(r, one, t, one, one, np.ones(1), *acc.args[1:], *scratch)
+            batch_summary(r, nil, t, nil, nil, np.ones(1), *acc.args[1:], *scratch)
         u8 = np.zeros(8, np.uint8)
-        gather_bytes(u8, one, one, one, u8)
-        gather_bytes(np.frombuffer(bytes(8), np.uint8), one, one, one, u8)  # a mapped (read-only) bundle
+        gather_bytes(u8, nil, nil, nil, u8)
+        gather_bytes(np.frombuffer(bytes(8), np.uint8), nil, nil, nil, u8)  # a mapped (read-only) bundle
     _WARM.add(errors)
 
 

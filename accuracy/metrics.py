@@ -339,7 +339,7 @@ class PairBatch:
         """``reference``, ``target``: flat uint8 arrays the pairs' byte offsets point into."""
         self._buffers = (reference, target)
         self._bases = (reference.ctypes.data, target.ctypes.data)
-        self._groups: dict[tuple[str, str, str], _Group] = {}
+        self._groups: dict[tuple[str, str, str, bool, bool], _Group] = {}
         self._count = 0
 
     def __len__(self) -> int:

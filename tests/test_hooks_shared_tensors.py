@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from accuracy.bundle import Bundle
+from accuracy.metrics import PairBatch
 from hooks import capture
 
 
@@ -283,9 +284,17 @@ def test_records_sharing_stored_tensors_are_measured_once(tmp_path: Path, monkey
         model.lin.weight.mul_(1.01)
     out, _, tgt = _capture(model, x, tmp_path / "tgt.bundle")
     module = sys.modules["accuracy.compare"]
-    calls: list[tuple[int, int]] = []
-    real = module.compare_arrays
+    calls: list[tuple[int, int]] = []  # every measurement: alone (compare_arrays) or queued in a batch
+    real, queue = module.compare_arrays, PairBatch.add
+
+    def add(batch: PairBatch, r: tuple[int, int, str], t: tuple[int, int, str], *a: object) -> bool:
+        queued = queue(batch, r, t, *a)
+        if queued:
+            calls.append((r[1] // 4, t[1] // 4))  # float32 on both sides: 4 bytes an element
+        return queued
+
     monkeypatch.setattr(module, "compare_arrays", lambda r, t, *a, **k: calls.append((r.size, t.size)) or real(r, t, *a, **k))
+    monkeypatch.setattr(PairBatch, "add", add)
     results = {op.id: op for op in compare(ref, tgt).ops}
     mm, lin, top = results["lin/aten.mm#0"], results["lin/forward#0"], results["/forward#0"]
     assert calls == [(80, 80)]  # one stored tensor pair: one measurement
