@@ -262,11 +262,13 @@ def judge_range(plan: ComparisonPlan, start: int, stop: int,
     for lo in range(start, stop, MEASURE_BATCH):
         pairs = [plan.pairs[k] for k in range(lo, min(stop, lo + MEASURE_BATCH))]
         ctx.measure_ahead(pairs)
-        for pair in pairs:
-            results.append(ctx.judge_pair(pair))
-            if progress:
-                progress(len(results), total)
-        ctx.forget_ahead()
+        try:
+            for pair in pairs:
+                results.append(ctx.judge_pair(pair))
+                if progress:
+                    progress(len(results), total)
+        finally:
+            ctx.forget_ahead()
     return results
 
 
@@ -506,7 +508,14 @@ class _Context:
         from here. The same numbers as measuring each alone. Golden comparisons measure one by one."""
         if self.golden is not None or len(pairs) < 2:
             return
-        batch = PairBatch(self.ref.buffer(), self.tgt.buffer())
+        try:
+            self._ahead.update(self._measured_together(pairs))
+        except Exception:  # noqa: BLE001 - each pair is then measured alone, and any error reported with it
+            return
+
+    def _measured_together(self, pairs: Sequence[Pair]) -> list[tuple[tuple[Any, ...], Metrics]]:
+        """(key, metrics) of the pairs :meth:`measure_ahead` batches (see there)."""
+        batch: PairBatch | None = None
         keys: list[tuple[Any, ...]] = []
         queued: set[tuple[Any, ...]] = set()
         for pair in pairs:
@@ -520,16 +529,14 @@ class _Context:
             if top is not None and absmax is not None and absmax > top:  # compared clipped: one by one
                 continue
             assert r.tensor is not None and t.tensor is not None  # a shared key names both
+            if batch is None:
+                batch = PairBatch(self.ref.buffer(), self.tgt.buffer())
             if batch.add(self.ref.span(r.tensor), self.tgt.span(t.tensor), t.dtype, absmax):
                 keys.append(key)
                 queued.add(key)
-        if not keys:
-            return
-        try:
-            measured = batch.measure()
-        except Exception:  # noqa: BLE001 - each pair is then measured alone, and any error reported with it
-            return
-        self._ahead.update(zip(keys, measured, strict=True))
+        if batch is None or not keys:
+            return []
+        return list(zip(keys, batch.measure(), strict=True))
 
     def forget_ahead(self) -> None:
         """Drop metrics measured ahead that no judged record took (pairs judged without measuring)."""
@@ -594,7 +601,8 @@ class _Context:
         """:func:`_measure`, once per stored tensor pair: records that name the same stored tensors (a
         module's output and the op output it aliases, e.g. ``q_proj/forward#0`` and its ``aten.mm#0``;
         bundle format 1.1 on) share their metrics, which depend on nothing else the key leaves out.
-        Each record gets its own object (later ones a shallow copy). The last :data:`SHARED_METRICS` pairs are kept."""
+        Each record gets its own object (later ones a shallow copy). The last :data:`SHARED_METRICS` pairs are kept.
+        A pair measured ahead (:meth:`measure_ahead`) is taken from there, as if measured now."""
         key = _shared_key(ref, tgt, r, t)
         if key is None:
             return _measure(ref, tgt, r, t)

@@ -1014,8 +1014,9 @@ def _pool() -> ThreadPoolExecutor:
 def warm_up(errors: bool = False) -> None:
     """Compile (or load from numba's cache) the statistics kernels for every encoding, and with
     ``errors`` the error kernel (alone and in :func:`batch_summary`) for same-typed pairs and for a float32
-    reference against bfloat16 and float16 words (a low-precision port), in memory and read in place from
-    mapped bundles, and the clamp and the byte gather, outside a hot loop. Once per process and kind:
+    reference against bfloat16 and float16 words (a low-precision port), in memory and, for the 16/32-bit
+    ones, read in place from mapped bundles, and the clamp and the byte gather, outside a hot loop (other
+    combinations, e.g. float64 read in place, compile at first use). Once per process and kind:
     every capture calls it, and after the first the kernels are loaded."""
     if errors in _WARM:
         return

@@ -271,7 +271,8 @@ def _finish(acc: fused.ErrorAccumulator) -> Metrics:
 
 
 class _Scratch(threading.local):
-    """Per-thread buffers of :func:`_small_pair` (read out into the Metrics before it returns)."""
+    """Per-thread scratch of :func:`_small_pair` and :class:`PairBatch` (read out into the Metrics before
+    either returns)."""
 
     def __init__(self) -> None:
         self.acc = np.zeros(len(fused.ACC_FIELDS), np.float64)

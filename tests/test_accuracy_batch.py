@@ -244,3 +244,20 @@ def test_a_real_capture_is_judged_the_same_measured_ahead(tmp_path: Path, monkey
     alone = _one_by_one(monkeypatch, *paths)
     assert len(batched.ops) > 50
     assert _as_rows(batched) == _as_rows(alone)
+
+
+def test_a_batch_that_cannot_be_measured_leaves_each_pair_to_be_measured_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever fails while measuring ahead (here: mapping a bundle's bytes), the pairs are then measured
+    one by one, with the same results, and nothing measured ahead stays behind."""
+    ref, tgt = _branchy_pair(tmp_path)
+    alone = _one_by_one(monkeypatch, ref, tgt)
+
+    def refuse(self: Bundle) -> np.ndarray:
+        raise OSError("mmap refused")
+
+    monkeypatch.setattr(Bundle, "buffer", refuse)
+    plan = compare_module.plan_comparison(ref, tgt)
+    results = compare_module.judge_range(plan, 0, len(plan.pairs))
+    assert not plan.context._ahead
+    assert _as_rows(compare_module.conclude(plan, results)) == _as_rows(alone)
