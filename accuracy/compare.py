@@ -524,9 +524,8 @@ class _Context:
             if (key is None or key in queued or key in self._shared or not same_elements(r, t)
                     or not is_float_dtype(r.dtype) or not is_float_dtype(t.dtype)):
                 continue
-            absmax = r.stats.absmax if r.stats else None
-            top = DTYPE_MAX.get(t.dtype)
-            if top is not None and absmax is not None and absmax > top:  # compared clipped: one by one
+            absmax, clip = _absmax_and_clip(r, t)
+            if clip is not None:  # compared clipped: one by one
                 continue
             assert r.tensor is not None and t.tensor is not None  # a shared key names both
             if batch is None:
@@ -671,15 +670,22 @@ def _measure(ref: Bundle | None, tgt: Bundle, r: Record | None, t: Record) -> Me
     if r.tensor is not None and t.tensor is not None:
         if not is_float_dtype(r.dtype) or not is_float_dtype(t.dtype):
             return compare_discrete(ref.iter_chunks(r.tensor), tgt.iter_chunks(t.tensor))
-        absmax = r.stats.absmax if r.stats and r.stats.absmax is not None else None
-        top = DTYPE_MAX.get(t.dtype)
+        absmax, top = _absmax_and_clip(r, t)
         (rv, rtag), (tv, ttag) = ref.stored(r.tensor), tgt.stored(t.tensor)
-        if top is not None and absmax is not None and absmax > top:  # beyond the target's range: compare clipped
+        if top is not None:
             return compare_arrays(rv, tv, t.dtype, top, reference_dtype=rtag, stored_dtype=ttag, clip=top)
         return compare_arrays(rv, tv, t.dtype, absmax, reference_dtype=rtag, stored_dtype=ttag)
     if r.stats and t.stats:
         return compare_stats(r.stats, t.stats, t.dtype)
     return None
+
+
+def _absmax_and_clip(r: Record, t: Record) -> tuple[float | None, float | None]:
+    """The reference's recorded absmax, and the target dtype's largest value when the reference goes beyond
+    it (the pair is then compared clipped to it), else None."""
+    absmax = r.stats.absmax if r.stats else None
+    top = DTYPE_MAX.get(t.dtype)
+    return absmax, (top if top is not None and absmax is not None and absmax > top else None)
 
 
 class _Recent(OrderedDict[tuple[Any, ...], Any]):
