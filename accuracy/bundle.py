@@ -329,32 +329,61 @@ class BundleWriter:
 
     def add(self, name: str, dtype: str, shape: tuple[int, ...], data: bytes | memoryview) -> None:
         """Append one tensor's raw little-endian bytes under ``name``."""
-        if name.startswith(RESERVED_PREFIX):
-            raise BundleError(f"tensor name {name!r}: names under {RESERVED_PREFIX!r} are opband's own")
-        self._add(name, dtype, shape, data)
+        for _, why in self._add_views(((name, dtype, shape, data),)):
+            raise BundleError(why)
 
-    def _add(self, name: str, dtype: str, shape: tuple[int, ...], data: bytes | memoryview) -> None:
+    def add_views(self, items: Sequence[tuple[str, str, tuple[int, ...], Any]]) -> list[tuple[str, str]]:
+        """Append tensors given as ``(name, dtype tag, shape, flat bytes)`` (any buffer), in order, as
+        :meth:`add` does (the streamed ones queued for the writer thread under one lock); returns
+        ``(name, why)`` for each one refused (a reserved or repeated name, a bad tag or size)."""
+        return self._add_views(items)
+
+    def _add_views(self, items: Iterable[tuple[str, str, tuple[int, ...], Any]],
+                   ours: bool = False) -> list[tuple[str, str]]:
+        """:meth:`add_views`; ``ours``: names under RESERVED_PREFIX are allowed (the records tensor)."""
         if self._file is None:
             raise BundleError("bundle writer is closed")
+        refused: list[tuple[str, str]] = []
+        queued: list[tuple[int, memoryview]] = []
+        for name, dtype, shape, data in items:
+            view = memoryview(data)
+            if view.format != "B" or view.ndim != 1:
+                view = view.cast("B") if view.nbytes else memoryview(b"")
+            why = self._refusal(name, dtype, shape, view.nbytes, ours)
+            if why:
+                refused.append((name, why))
+                continue
+            size = view.nbytes
+            self._entry(name, dtype, shape, size)
+            self._entry_bytes += len(name) + 24 * len(shape) + 96
+            begin = self._offset
+            self._offset += size
+            if self._buffer is not None and self._offset < self._spill:
+                self._buffer.append(bytes(view))  # a copy: the caller may reuse its buffer
+                continue
+            if self._buffer is not None:
+                self._start_streaming(queued)
+            if self._behind is not None:
+                queued.append((self._data_start + begin, view))
+            else:
+                self._write(begin, view)
+        if queued:
+            assert self._behind is not None
+            self._behind.put_many(queued)
+        return refused
+
+    def _refusal(self, name: str, dtype: str, shape: tuple[int, ...], nbytes: int, ours: bool) -> str:
+        """Why a tensor cannot be added (empty when it can)."""
+        if not ours and name.startswith(RESERVED_PREFIX):
+            return f"tensor name {name!r}: names under {RESERVED_PREFIX!r} are opband's own"
         if hash(name) in self._names:
-            raise BundleError(f"duplicate tensor name {name!r}")
+            return f"duplicate tensor name {name!r}"
         if dtype not in DTYPES:
-            raise BundleError(f"unsupported dtype tag {dtype!r}")
+            return f"unsupported dtype tag {dtype!r}"
         size = math.prod(shape) * DTYPES[dtype][1]
-        view = memoryview(data)
-        view = memoryview(b"") if view.nbytes == 0 else view.cast("B") if view.format != "B" or view.ndim != 1 else view
-        if view.nbytes != size:
-            raise BundleError(f"tensor {name!r}: {view.nbytes} bytes given, shape needs {size}")
-        self._entry(name, dtype, shape, size)
-        self._entry_bytes += len(name) + 24 * len(shape) + 96
-        begin = self._offset
-        self._offset += size
-        if self._buffer is not None and self._offset < self._spill:
-            self._buffer.append(bytes(view))  # a copy: the caller may reuse its buffer
-            return
-        if self._buffer is not None:
-            self._start_streaming()
-        self._write(begin, view)
+        if nbytes != size:
+            return f"tensor {name!r}: {nbytes} bytes given, shape needs {size}"
+        return ""
 
     def _write(self, begin: int, view: memoryview) -> None:
         """Stream bytes that belong at data offset ``begin``: written here (where the file position is
@@ -378,7 +407,7 @@ class BundleWriter:
 
     def drain(self) -> None:
         """Return once every tensor added so far is on disk: call it before anything may write into
-        memory handed to :meth:`add` (background writes read it later); a no-op otherwise."""
+        memory handed to :meth:`add` or :meth:`add_views` (background writes read it later); a no-op otherwise."""
         if self._behind is not None:
             self._behind.drain()
 
@@ -394,16 +423,26 @@ class BundleWriter:
         tag = dtype or numpy_tag(array.dtype)
         self.add(name, tag, tuple(array.shape), np.ascontiguousarray(array).reshape(-1).view(np.uint8).data)
 
-    def _start_streaming(self) -> None:
+    def _start_streaming(self, queued: list[tuple[int, memoryview]] | None = None) -> None:
+        """From here on tensor bytes go to the file: the buffered ones first (with writes in the
+        background, appended to ``queued`` for the thread when given, else put at once)."""
         assert self._file is not None and self._buffer is not None
         self._data_start = 8 + _reserve_for(self._entry_bytes)
-        self._file.seek(self._data_start)
-        for piece in self._buffer:
-            self._file.write(piece)
-        self._buffer = None
-        if self._background:
-            self._file.flush()  # from here on the thread writes at explicit offsets
-            self._behind = writebehind.WriteBehind(self._file.fileno(), self._background)
+        buffered, self._buffer = self._buffer, None
+        if not self._background:
+            self._file.seek(self._data_start)
+            self._file.writelines(buffered)
+            return
+        self._behind = writebehind.WriteBehind(self._file.fileno(), self._background)  # writes at explicit offsets
+        pieces, at = [], self._data_start
+        for piece in buffered:
+            view = memoryview(piece)
+            pieces.append((at, view))
+            at += view.nbytes
+        if queued is not None:
+            queued.extend(pieces)
+        else:
+            self._behind.put_many(pieces)
 
     def _add_records_tensor(self) -> None:
         """The spooled record lines, as the last tensor (streamed in pieces past ``spill_bytes``)."""
@@ -411,7 +450,7 @@ class BundleWriter:
         size = spool.tell()
         spool.seek(0)
         if self._buffer is not None and self._offset + size < self._spill:
-            self._add(RECORDS_TENSOR, "U8", (size,), spool.read())
+            self._add_views(((RECORDS_TENSOR, "U8", (size,), spool.read()),), ours=True)
             return
         self._entry(RECORDS_TENSOR, "U8", (size,), size)
         self._entry_bytes += len(RECORDS_TENSOR) + 120

@@ -58,17 +58,23 @@ class WriteBehind:
         """Queue ``data`` (a flat byte view its owner keeps alive) to be written at ``offset``."""
         if data.format != "B" or data.ndim != 1:
             data = data.cast("B")  # flat bytes: short writes are continued by byte offsets
-        n = data.nbytes
-        if not n:
-            return
+        self.put_many([(offset, data)])
+
+    def put_many(self, pieces: list[tuple[int, memoryview]]) -> None:
+        """Queue flat byte views (``format "B"``, one dimension) at their offsets, in order, under one
+        lock: a piece that would take the unwritten bytes past the limit waits for the thread."""
         with self._cond:
-            if self._queued and self._queued + n > self._limit:
-                self._wait_written(lambda: bool(self._queued) and self._queued + n > self._limit)
-            self._raise_error()
-            self._queue.append((offset, data))
-            self._queued += n
-            if self._queued >= self._wake and not self._busy:
-                self._cond.notify_all()
+            for offset, data in pieces:
+                n = data.nbytes
+                if not n:
+                    continue
+                if self._queued and self._queued + n > self._limit:
+                    self._wait_written(lambda n=n: bool(self._queued) and self._queued + n > self._limit)
+                self._raise_error()
+                self._queue.append((offset, data))
+                self._queued += n
+                if self._queued >= self._wake and not self._busy:
+                    self._cond.notify_all()
 
     @property
     def unwritten(self) -> int:

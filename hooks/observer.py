@@ -238,16 +238,18 @@ class ObserverMode:
         assert _observer is not None
         rec = self.rec
         taken = _observer.take_writes()
-        if rec.forked:  # a forked child (a DataLoader worker): the parent writes its bundle, not this copy
+        if rec.forked or not taken:  # a forked child (a DataLoader worker): the parent writes its bundle, not this copy
             return
-        for name, code, shape, data in taken:
-            try:
-                written = rec.write_stored(name, _DTYPE_TAGS[code], shape, data)
-            except Exception as e:  # noqa: BLE001 - capture must never break the user's run
-                rec.diagnose(name, f"storing the tensor failed: {type(e).__name__}: {e}")
-                written = False
-            if not written:
-                self.unwritten.add(name)
+        tags = _DTYPE_TAGS
+        items = [(name, tags[code], shape, data) for name, code, shape, data in taken]
+        try:
+            failed = rec.write_stored(items)
+        except Exception as e:  # noqa: BLE001 - capture must never break the user's run
+            failed = [(name, f"{type(e).__name__}: {e}") for name, *_ in items]
+        for name, why in failed:
+            if why:
+                rec.diagnose(name, f"storing the tensor failed: {why}")
+            self.unwritten.add(name)
 
     def _stored_name(self, t: torch.Tensor, share: bool) -> str | None:
         """For the recorder's Python path: the tensor the observer stored that ``t`` is (or aliases)."""

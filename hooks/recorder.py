@@ -310,14 +310,20 @@ class Recorder:
             self.flush()  # host copies and what the writer thread still holds share the buffer
         return rec_id
 
-    def write_stored(self, name: str, tag: str, shape: tuple[int, ...], data: torch.Tensor) -> bool:
-        """A tensor the compiled observer (hooks.observer, full mode) stored under ``name``: its values
-        as flat contiguous uint8, written as :meth:`_store` writes a CPU tensor; False when it was not
-        written (after a failed write nothing more is, and closing the bundle raises the error)."""
+    def write_stored(self, taken: Sequence[tuple[str, str, tuple[int, ...], Any]]) -> list[tuple[str, str]]:
+        """Tensors the compiled observer (hooks.observer, full mode) stored, as ``(name, dtype tag, shape,
+        flat bytes)`` (a buffer its memory stays unchanged behind until :meth:`settle_background`), handed
+        to the bundle writer in one call; returns ``(name, why)`` for each one not written (``why`` is
+        empty after the writer thread failed: nothing more is written, and closing the bundle raises)."""
         if self.write_error is not None:
-            return False
-        self.tensor_bytes += data.numel()
-        return self._write_host(name, tag, shape, data)
+            return [(name, "") for name, *_ in taken]
+        try:
+            refused = self.writer.add_views(taken)
+        except WriteFailed as e:  # the thread's earlier failure, not these tensors'
+            self._write_failed(e)
+            return [(name, "") for name, *_ in taken]
+        self.tensor_bytes += sum(memoryview(data).nbytes for *_, data in taken)
+        return refused
 
     def _write_host(self, name: str, tag: str, shape: tuple[int, ...], flat: torch.Tensor) -> bool:
         """Hand a flat contiguous CPU tensor to the writer (its memory is read later: see

@@ -169,19 +169,24 @@ def test_failing_recorder_becomes_diagnostic(tmp_path: Path, monkeypatch: pytest
     assert any("disk on fire" in d.message for d in b.manifest.diagnostics)
 
 
-def test_failing_tensor_store_under_the_observer_keeps_the_statistics(tmp_path: Path,
+@pytest.mark.parametrize("how", ["raises", "refuses"])
+def test_failing_tensor_store_under_the_observer_keeps_the_statistics(how: str, tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """Full mode under the compiled observer: a tensor the recorder fails to store is a diagnostic, and
-    the records that would name it (the op's and the module output that is the same tensor) keep their
-    statistics; the others are stored, and the bundle opens."""
+    """Full mode under the compiled observer: a tensor the recorder fails to store (the hand-over raises,
+    or the writer refuses that one tensor) is a diagnostic, and the records that would name it (the op's
+    and the module output that is the same tensor) keep their statistics; the others are stored, and
+    the bundle opens."""
+    from hooks import observer
     from hooks.recorder import Recorder
 
     real = Recorder.write_stored
+    monkeypatch.setattr(observer, "HAND_BYTES", 1)  # each op's tensor is handed over on its own
 
-    def flaky(self: Recorder, name: str, *rest: object) -> bool:
-        if name == "/aten.mul#0":
-            raise RuntimeError("disk on fire")
-        return real(self, name, *rest)  # type: ignore[arg-type]
+    def flaky(self: Recorder, taken: list[tuple[str, str, tuple[int, ...], object]]) -> list[tuple[str, str]]:
+        if how == "raises" and any(name == "/aten.mul#0" for name, *_ in taken):
+            raise RuntimeError("disk on fire")  # the whole hand-over fails: every tensor in it
+        kept = [t for t in taken if t[0] != "/aten.mul#0"]
+        return real(self, kept) + [(t[0], "disk on fire") for t in taken if t[0] == "/aten.mul#0"]
 
     monkeypatch.setattr(Recorder, "write_stored", flaky)
     x = torch.ones(3)

@@ -116,7 +116,13 @@ struct Pending {
   std::string name;
   int8_t dtype;
   std::vector<int64_t> shape;
-  at::Tensor bytes;  // the values, contiguous, as flat uint8
+  at::Tensor values;  // contiguous (the output itself, or a contiguous copy of it)
+};
+
+// A contiguous tensor's bytes for Python (a read-only buffer: memoryview(held) is flat uint8), without
+// a torch.Tensor or numpy array in between; the bundle writer keeps it until written.
+struct HeldBytes {
+  at::Tensor values;
 };
 
 struct State {
@@ -456,10 +462,10 @@ std::string store(const at::Tensor& t, const std::string& name, bool mutated, Se
     if (const std::string* prior = stored_as(t)) return *prior;
     if (aliased && !memory->tensor.empty()) return memory->tensor;
   }
-  at::Tensor bytes = quietly([&] { return t.contiguous().reshape(-1).view(at::kByte); });
-  state->pending_bytes += bytes.numel();
+  at::Tensor values = t.is_contiguous() ? t : quietly([&] { return t.contiguous(); });
+  state->pending_bytes += values.nbytes();
   state->pending.push_back({name, static_cast<int8_t>(t.scalar_type()), std::vector<int64_t>(t.sizes().begin(), t.sizes().end()),
-                            std::move(bytes)});
+                            std::move(values)});
   if (mutated) return name;
   if (!t.is_inference()) {
     if (state->stored.size() > (1 << 16)) state->stored.clear();
@@ -710,8 +716,8 @@ bool record_module(int module, const std::vector<at::Tensor>& outs, const std::v
   return true;  // the caller (Python) takes the pending tensors next
 }
 
-// Full mode: the tensors queued since the last call, as (name, c10::ScalarType code, shape, flat
-// uint8 tensor), for Recorder.write_stored (GIL held by the caller).
+// Full mode: the tensors queued since the last call, as (name, c10::ScalarType code, shape, HeldBytes),
+// for Recorder.write_stored (GIL held by the caller).
 py::list take_writes() {
   std::vector<Pending> pending;
   {
@@ -725,7 +731,7 @@ py::list take_writes() {
     Pending& p = pending[i];
     py::tuple shape(p.shape.size());
     for (size_t d = 0; d < p.shape.size(); ++d) shape[d] = py::int_(p.shape[d]);
-    out[i] = py::make_tuple(py::str(p.name), static_cast<int>(p.dtype), std::move(shape), std::move(p.bytes));
+    out[i] = py::make_tuple(py::str(p.name), static_cast<int>(p.dtype), std::move(shape), HeldBytes{std::move(p.values)});
   }
   return out;
 }
@@ -1009,6 +1015,13 @@ int scalar_type_of(const at::Tensor& t) { return static_cast<int>(t.scalar_type(
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "opband's compiled aten-level observer (see hooks/observer.py)";
+  py::class_<HeldBytes>(m, "HeldBytes", py::buffer_protocol(), "a stored tensor's bytes (memoryview: flat, read-only)")
+      .def_buffer([](HeldBytes& h) {
+        static uint8_t none = 0;  // an empty tensor may have no data pointer
+        void* data = h.values.nbytes() ? const_cast<void*>(h.values.const_data_ptr()) : &none;
+        return py::buffer_info(data, 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(h.values.nbytes())}, {static_cast<py::ssize_t>(1)}, true);
+      });
   m.def("start", &start, "install the observer on this thread");
   m.def("stop", &stop, "remove it and forget its state");
   m.def("set_state", &set_state, "recording on/off, the innermost module, the step");
