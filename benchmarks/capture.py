@@ -19,10 +19,12 @@ Writes and page state (``--pages``): this VM returns free memory to its host (vi
 reporting) and faults it back in on first touch, so a write into pages freed more than ~2 s ago
 costs 6-10x one into pages just freed (74 MB: 100-170 ms CPU vs 15 ms), in no fixed pattern; and
 freed pages go back to the freeing CPU's page lists first (58 MB freed on CPU 0: 13 ms to write
-again on CPU 0, 27-88 ms on CPU 1). With ``--pages recycled`` (default) every timed full capture and
-raw write comes right after an untimed write and delete of as many bytes on each CPU (a thread
-pinned to it), so the capture's writer thread, wherever it runs, and the raw write both write into
-recycled pages, as on a machine without page reporting; ``--pages as-is`` times them as they come.
+again on CPU 0, 27-88 ms on CPU 1). With ``--pages recycled`` (default, when full mode is timed) every
+timed run (plain forward, capture, raw write) comes right after an untimed write and delete of as many
+bytes as a full capture writes on each CPU (a thread pinned to it), so the capture's writer thread,
+wherever it runs, and the raw write both write into recycled pages, as on a machine without page
+reporting, and every run starts with the caches that preamble leaves (cold: a forward after it takes
+2-4 ms more on llama-mid); ``--pages as-is`` times them as they come.
 
 ``--clock cpu`` (default) times the process's CPU time, which a busy shared machine disturbs far
 less than wall time (torch runs on ``--threads``, default 1, so the two agree on an idle machine);
@@ -68,6 +70,7 @@ GOALS = {"llama-tiny": (None, None), "llama-small": (1.5, 2.5), "llama-mid": (1.
 
 
 def _plain(clock: Callable[[], float], model: torch.nn.Module, x: torch.Tensor) -> float:
+    _recycle_pages()  # the same start as every capture's (see _recycle_pages)
     t = clock()
     model(x)
     return clock() - t
@@ -87,8 +90,7 @@ def _captured(clock: Callable[[], float], model: torch.nn.Module, x: torch.Tenso
     path.unlink(missing_ok=True)
     saved = os.environ.get("OPBAND_OBSERVER")
     os.environ["OPBAND_OBSERVER"] = "0" if engine == "dispatch" else "1"
-    if opts.get("mode") == "full":
-        _recycle_pages()
+    _recycle_pages()
     try:
         thread = time.thread_time()
         t = clock()
@@ -147,7 +149,10 @@ def _raw_write(clock: Callable[[], float], path: Path, nbytes: int) -> float:
 
 def _recycle_pages() -> None:
     """With ``--pages recycled``: on each CPU, write and delete (untimed) as many bytes as the next timed
-    write writes, so that it writes into pages just freed wherever it runs (see the module docstring)."""
+    write writes, so that it writes into pages just freed wherever it runs (see the module docstring).
+    Every timed run (plain forward, each capture, raw write) comes after it, not only those that write:
+    it leaves the CPU caches cold, which cost a forward after it 2-4 ms more on llama-mid (measured), so
+    timing only the full captures after it charged them for the preamble."""
     if not _RECYCLE:
         return
     path, nbytes = Path(_RECYCLE["path"]), int(_RECYCLE["bytes"])
