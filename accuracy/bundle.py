@@ -142,14 +142,15 @@ class TensorTable(Mapping[str, TensorInfo]):
         cols = {k: np.frombuffer(v, dtype=v.typecode).copy() if len(v) else np.zeros(0, v.typecode)
                 for k, v in self._cols.items()}
         self._cols = {}
-        self._name_at = np.append(cols["name_at"], len(self._names))  # name i: bytes [at[i], at[i + 1])
+        # read one element at a time through memoryviews: a Python int each, ~4x faster than a numpy scalar
+        self._name_at = memoryview(np.append(cols["name_at"], len(self._names)))  # name i: bytes [at[i], at[i + 1])
         self.order = np.lexsort((cols["end"], cols["begin"])).astype(np.int32)  # data order, as the buffer is checked
         self.begin, self.end, self.dtype, self.shape = cols["begin"], cols["end"], cols["dtype"], cols["shape"]
         self.shapes = [s for s, _ in sorted(self._shapes.items(), key=lambda kv: kv[1])]
         self._shapes = {}
         by_hash = np.argsort(cols["hash"], kind="stable")
         self._hash_keys, self._hash_slots = cols["hash"][by_hash], by_hash.astype(np.int32)
-        self._hash_col, self._last = cols["hash"], -1
+        self._hash_col, self._last = memoryview(cols["hash"]), -1
         # a table of few tensors also keeps a plain dict (and plain columns): lookups in ~0.1 us, not ~5
         if self._name_list is not None:
             by_name: dict[str, int] = {}
@@ -157,6 +158,8 @@ class TensorTable(Mapping[str, TensorInfo]):
                 by_name.setdefault(name, slot)  # a repeated name: the first, as the hash index finds
             self._by_name = by_name
             self._plain = (self.begin.tolist(), self.end.tolist(), self.dtype.tolist(), self.shape.tolist())
+        else:
+            self._plain = (memoryview(self.begin), memoryview(self.end), memoryview(self.dtype), memoryview(self.shape))
         return self
 
     def name(self, slot: int) -> str:
@@ -187,11 +190,8 @@ class TensorTable(Mapping[str, TensorInfo]):
         """The entry at ``slot`` (``name``: its name, when the caller has it already)."""
         if name is None:
             name = self.name(slot)
-        if self._by_name is not None:
-            begin, end, dtype, shape = self._plain
-            return TensorInfo(name, _TAG_NAMES[dtype[slot]], self.shapes[shape[slot]], begin[slot], end[slot])
-        return TensorInfo(name, _TAG_NAMES[self.dtype[slot]], self.shapes[self.shape[slot]],
-                          int(self.begin[slot]), int(self.end[slot]))
+        begin, end, dtype, shape = self._plain  # lists, or memoryviews of the columns
+        return TensorInfo(name, _TAG_NAMES[dtype[slot]], self.shapes[shape[slot]], begin[slot], end[slot])
 
     def hide(self, name: str) -> TensorInfo | None:
         """Take ``name`` out of the mapping (the records tensor: opband's own); its info, or None."""
