@@ -18,10 +18,12 @@ under the same key, after the observer's records so far were drained into the re
 In full mode the observer also decides, by the recorder's rules (``Recorder._store``), which tensor
 each record names: the same tensor at the same version, or a tensor stored from the same memory whose
 statistics row the output reuses (a module output that is its last op's output, reshaped or not), is
-stored once. It queues the others (contiguous, as bytes) until Python hands them to the bundle's
-writer thread: at each module's forward hook, before any op that writes in place (after which the
-writer has finished reading what it was given: the dispatch mode's rule), before ops the capture
-does not see, when 16 MB (or `buffer_bytes`) are queued, and at the end.
+stored once. It queues the others (the output itself when contiguous, else a contiguous copy) until
+Python hands them to the bundle's writer thread, all queued ones in one call (buffers over their
+memory, ``HeldBytes``: no tensor or array wrappers; ``Recorder.write_stored``): at each module's
+forward hook, before any op that writes in place (after which the writer has finished reading what
+it was given: the dispatch mode's rule), before ops the capture does not see, when 16 MB (or
+`buffer_bytes`) are queued, and at the end.
 
 :func:`why_not` says when a capture cannot take this path; it then uses the dispatch mode, as it
 does for full mode, replay inputs, gradients, filters, accelerators and several ranks. Set

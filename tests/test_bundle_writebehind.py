@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from accuracy import writebehind
-from accuracy.bundle import Bundle, BundleWriter
+from accuracy.bundle import RESERVED_PREFIX, Bundle, BundleWriter
 from accuracy.errors import BundleError
 from accuracy.manifest import Manifest, Record
 from hooks import capture
@@ -105,6 +105,58 @@ def test_bundle_is_byte_identical_to_one_written_in_place(tmp_path: Path, spill:
         b = Bundle.open(path)
         assert all(np.array_equal(b.values(f"t{i}"), a) for i, a in enumerate(arrays))
     assert files[0] == files[1]
+    assert _writer_threads() == 0
+
+
+@pytest.mark.parametrize("spill", [0, 1 << 20, 64 << 20])
+@pytest.mark.parametrize("background", [0, 2 << 20])
+def test_add_views_in_batches_writes_what_add_writes_and_refuses_one_by_one(tmp_path: Path, spill: int,
+                                                                          background: int) -> None:
+    """``add_views`` (the compiled observer's hand-over, several tensors a call, any buffer) writes the
+    same file as ``add`` one tensor at a time, wherever the spill falls inside a batch; a bad tensor is
+    refused with its reason and the others of its batch are written."""
+    rng = np.random.default_rng(2)
+    arrays = [rng.standard_normal(int(rng.integers(0, 300_000))).astype(np.float32) for _ in range(24)]
+    one = BundleWriter(tmp_path / "one.bundle", spill_bytes=spill, background_bytes=background)
+    for i, a in enumerate(arrays):
+        one.add_array(f"t{i}", a)
+    many = BundleWriter(tmp_path / "many.bundle", spill_bytes=spill, background_bytes=background)
+    refused: list[tuple[str, str]] = []
+    items = [(f"t{i}", "F32", a.shape, memoryview(a).cast("B")) for i, a in enumerate(arrays)]
+    bad = [(RESERVED_PREFIX + "mine", "F32", (1,), b"\0" * 4), ("t3", "F32", (1,), b"\0" * 4),
+           ("odd", "F99", (1,), b"\0" * 4), ("short", "F32", (3,), b"\0" * 4)]
+    for start in range(0, len(items), 5):  # batches of 5, a bad tensor inside some of them
+        batch = items[start : start + 5]
+        if 0 < start // 5 < len(bad):
+            batch = [*batch[:2], bad[start // 5 - 1], *batch[2:]]
+        refused += many.add_views(batch)
+    refused += many.add_views([bad[-1]])
+    assert [name for name, _ in refused] == [RESERVED_PREFIX + "mine", "t3", "odd", "short"]
+    assert "opband's own" in refused[0][1] and "duplicate" in refused[1][1]
+    assert "dtype" in refused[2][1] and "4 bytes given, shape needs 12" in refused[3][1]
+    for w in (one, many):
+        w.close(Manifest(run={"variant": "fp32"}))
+    assert (tmp_path / "one.bundle").read_bytes() == (tmp_path / "many.bundle").read_bytes()
+    b = Bundle.open(tmp_path / "many.bundle")
+    assert all(np.array_equal(b.values(f"t{i}"), a) for i, a in enumerate(arrays))
+    single = BundleWriter(tmp_path / "x.bundle")
+    single.add("t0", "F32", (1,), b"\0" * 4)
+    with pytest.raises(BundleError, match="duplicate tensor name 't0'"):  # add raises what add_views reports
+        single.add("t0", "F32", (1,), b"\0" * 4)
+    single.abort()
+    assert _writer_threads() == 0
+
+
+def test_put_many_waits_for_room_and_keeps_the_order(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    pieces = [rng.integers(0, 256, n, dtype=np.uint8) for n in (10, 3 << 20, 0, 5, 2 << 20, 1 << 20, 7)]
+    offsets = np.cumsum([0] + [p.nbytes for p in pieces])[:-1]
+    path = tmp_path / "f"
+    with open(path, "w+b") as f:
+        w = writebehind.WriteBehind(f.fileno(), limit=2 << 20)  # pieces over the limit, several batches
+        w.put_many([(int(o), memoryview(p)) for o, p in zip(offsets, pieces, strict=True)])
+        w.close()
+    assert path.read_bytes() == b"".join(p.tobytes() for p in pieces)
     assert _writer_threads() == 0
 
 
