@@ -147,6 +147,42 @@ def test_add_views_in_batches_writes_what_add_writes_and_refuses_one_by_one(tmp_
     assert _writer_threads() == 0
 
 
+@pytest.mark.parametrize("mb", [0.5, 3, 20])
+def test_streamed_early_small_bundles_end_up_as_compact_as_in_memory_ones(tmp_path: Path, mb: float,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a writer thread the data streams after BACKGROUND_SPILL_BYTES (less copied on the caller's
+    thread); a bundle that ends under SPILL_BYTES is rewritten without the header reservation when it
+    closes: byte for byte the file a writer without the thread makes, and no bigger."""
+    from accuracy import bundle as B
+
+    streamed: list[int] = []
+    real = B.BundleWriter._start_streaming
+
+    def noted(self: BundleWriter, *args: object) -> None:
+        streamed.append(self._offset)
+        real(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(B.BundleWriter, "_start_streaming", noted)
+    rng = np.random.default_rng(4)
+    arrays = [rng.standard_normal(int(mb * (1 << 20)) // 4 // 8).astype(np.float32) for _ in range(8)]
+    files = []
+    for background in (0, 2 << 20):
+        path = tmp_path / f"b{background}.bundle"
+        w = BundleWriter(path, background_bytes=background)
+        for i, a in enumerate(arrays):
+            w.add_array(f"t{i}", a)
+        w.close(Manifest(run={"variant": "fp32"}))
+        files.append(path.read_bytes())
+    assert files[0] == files[1]
+    data = sum(a.nbytes for a in arrays)
+    if data < B.SPILL_BYTES:
+        assert len(files[1]) < data + 4096  # no reservation left in it
+    # the thread's writer streamed from about BACKGROUND_SPILL_BYTES on, the other one from SPILL_BYTES on
+    assert [n >= B.BACKGROUND_SPILL_BYTES for n in streamed] == [True] * len(streamed)
+    assert len(streamed) == (data >= B.BACKGROUND_SPILL_BYTES) + (data >= B.SPILL_BYTES)
+    assert all(np.array_equal(Bundle.open(tmp_path / "b0.bundle").values(f"t{i}"), a) for i, a in enumerate(arrays))
+
+
 def test_put_many_waits_for_room_and_keeps_the_order(tmp_path: Path) -> None:
     rng = np.random.default_rng(3)
     pieces = [rng.integers(0, 256, n, dtype=np.uint8) for n in (10, 3 << 20, 0, 5, 2 << 20, 1 << 20, 7)]
