@@ -280,9 +280,12 @@ def _guarded_print(t: torch.Tensor) -> TensorPrint | None:
 
 
 #: Bytes a background walk hashes, then summarises, at a time: few pieces, so that the thread asks
-#: for the GIL seldom while the forward pass (Python-bound under a dispatch mode) holds it; 8 MB stays
-#: in a last-level cache for the statistics' second read.
-BACKGROUND_CHUNK_BYTES = 8 << 20
+#: for the GIL seldom while the forward pass (Python-bound under a dispatch mode) holds it, yet small
+#: enough that the statistics' second read comes from the core's L2. llama-mid's 138 MB of weights
+#: (a 2-core Xeon with 2 MB L2, 2026-12-05): 25 ms to walk in 8 MB pieces, 20.5 ms in 1 MB, 17 ms in
+#: 256 KB; summary capture 1.59-1.61x (CPU clock) in 8 MB, 1.52-1.55x in 1 MB, 1.50-1.51x in 256 KB,
+#: whose 4x more GIL hand-overs cost the wall clock 0.04x (1.25x against 1.21x; 1 MB: within the noise).
+BACKGROUND_CHUNK_BYTES = 1 << 20
 assert BACKGROUND_CHUNK_BYTES % CHUNK_BYTES == 0
 #: Weights under this size are walked at once, on the caller's thread: each one the thread takes costs
 #: the forward pass a GIL hand-over or two, which a small walk does not repay (llama-small, whose weights
