@@ -336,8 +336,9 @@ class BundleWriter:
 
     def add(self, name: str, dtype: str, shape: tuple[int, ...], data: bytes | memoryview) -> None:
         """Append one tensor's raw little-endian bytes under ``name``."""
-        for _, why in self._add_views(((name, dtype, shape, data),)):
-            raise BundleError(why)
+        refused = self._add_views(((name, dtype, shape, data),))
+        if refused:
+            raise BundleError(refused[0][1])
 
     def add_views(self, items: Sequence[tuple[str, str, tuple[int, ...], Any]]) -> list[tuple[str, str]]:
         """Append tensors given as ``(name, dtype tag, shape, flat bytes)`` (any buffer), in order, as
@@ -578,7 +579,7 @@ def _read_back(fd: int, offset: int, size: int) -> bytes:
             raise BundleError(f"reading back the bundle's data: {size - done} bytes missing at {offset + done}")
         parts.append(part)
         done += len(part)
-    return b"".join(parts) if len(parts) != 1 else parts[0]
+    return b"".join(parts)  # one part: that part itself, not a copy
 
 
 def _reserve_for(estimate: int) -> int:

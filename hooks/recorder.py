@@ -312,17 +312,19 @@ class Recorder:
 
     def write_stored(self, taken: Sequence[tuple[str, str, tuple[int, ...], Any]]) -> list[tuple[str, str]]:
         """Tensors the compiled observer (hooks.observer, full mode) stored, as ``(name, dtype tag, shape,
-        flat bytes)`` (a buffer its memory stays unchanged behind until :meth:`settle_background`), handed
-        to the bundle writer in one call; returns ``(name, why)`` for each one not written (``why`` is
-        empty after the writer thread failed: nothing more is written, and closing the bundle raises)."""
+        flat bytes)``, handed to the bundle writer in one call (the writer thread reads the buffers later:
+        their memory stays unchanged until :meth:`settle_background`); returns ``(name, why)`` for each one
+        not written (``why`` is empty after the writer thread failed: nothing more is written, and closing
+        the bundle raises)."""
         if self.write_error is not None:
             return [(name, "") for name, *_ in taken]
+        before = self.writer.bytes_written
         try:
             refused = self.writer.add_views(taken)
         except WriteFailed as e:  # the thread's earlier failure, not these tensors'
             self._write_failed(e)
             return [(name, "") for name, *_ in taken]
-        self.tensor_bytes += sum(memoryview(data).nbytes for *_, data in taken)
+        self.tensor_bytes += self.writer.bytes_written - before
         return refused
 
     def _write_host(self, name: str, tag: str, shape: tuple[int, ...], flat: torch.Tensor) -> bool:
