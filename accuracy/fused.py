@@ -63,6 +63,52 @@ N_CODES = 1 + (1 << 10)
 HIST_SHIFT = 21
 
 
+# -- vector width ----------------------------------------------------------------------------------
+#: LLVM CPU models with AVX-512 whose cores clock down for 512-bit floating-point work (the first
+#: AVX-512 server cores): there the kernels keep LLVM's 256-bit vectors.
+_DOWNCLOCKING = frozenset({"skylake-avx512", "cascadelake", "cooperlake", "knl", "knm"})
+
+
+def _wide_target(name: str, features: str) -> bool:
+    """Whether numba's target CPU (LLVM's ``name`` and ``+feature,-feature`` list) has AVX-512 that
+    LLVM would leave unused: its tuning for Ice Lake and later Intel cores prefers 256-bit vectors,
+    which halves the element rate of a kernel limited by its arithmetic (the statistics kernel on a
+    cached float32 output, 2026-12-05 on an Emerald Rapids VM: 31 -> 45 GB/s). Numba's cache keys
+    hold the target's name and features, so cached machine code always matches this choice."""
+    return name != "generic" and "+avx512f" in features.split(",") and name not in _DOWNCLOCKING
+
+
+def _numba_target() -> tuple[str, str]:
+    """The CPU name and features numba compiles for (``NUMBA_CPU_NAME``/``NUMBA_CPU_FEATURES`` or the host's)."""
+    try:
+        from llvmlite import binding
+        from numba.core import config
+
+        return (config.CPU_NAME or binding.get_host_cpu_name(),
+                config.CPU_FEATURES or binding.get_host_cpu_features().flatten())
+    except Exception:  # noqa: BLE001 - no CPU description: LLVM's default width
+        return "generic", ""
+
+
+#: the kernels ask LLVM for 512-bit vectors (see :func:`_wide_target`)
+WIDE_VECTORS = _wide_target(*_numba_target())
+
+
+@intrinsic
+def _wide(typingctx: Any) -> Any:
+    """First statement of a kernel with a hot loop: on a :data:`WIDE_VECTORS` target, the function
+    asks LLVM for 512-bit vectors (the ``prefer-vector-width`` attribute, as clang's
+    ``-mprefer-vector-width=512`` sets; llvmlite's attribute set knows only enum attributes, hence
+    ``set.add``). The kernel is vectorized in its own module, so callers that inline it keep its
+    vectors (the compiled observer's row function: 26 -> 33 GB/s; ``tests/test_fused_wide.py``)."""
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        if WIDE_VECTORS:
+            set.add(builder.function.attributes, '"prefer-vector-width"="512"')
+        return context.get_dummy_value()
+
+    return types.none(), codegen
+
+
 # -- bit casts (LLVM bitcast: free) ---------------------------------------------------------------
 def _bitcast(src: types.Type, dst: types.Type, width: int) -> Any:
     @intrinsic
@@ -289,6 +335,7 @@ def _nonfinite_impl(v):  # type: ignore[no-untyped-def]
 @numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, error_model="numpy")
 def _sums64(xb: Any) -> Any:  # pragma: no cover - compiled
     """Sum and sum of squares of a block of finite values, in float64."""
+    _wide()
     ds = dq = 0.0
     for i in range(xb.shape[0]):
         v = _load(xb, i)
@@ -301,6 +348,7 @@ def _sums64(xb: Any) -> Any:  # pragma: no cover - compiled
 def _masked64(xb: Any) -> Any:  # pragma: no cover - compiled
     """(sum, sumsq, min, max, nan, finite, zeros) of a block over its finite values, in float64,
     branch-free (selects; float counts vectorize)."""
+    _wide()
     ds = dq = mn = mf = mz = 0.0
     ml, mh = _ordered(np.inf), _ordered(-np.inf)
     for i in range(xb.shape[0]):
@@ -336,6 +384,7 @@ def _stats_more(x: Any, out: Any) -> None:  # pragma: no cover - compiled
     finite block whose float32 squares overflow (``finfo.min`` attention masks)
     redoes its two sums in float64; a block with NaN/Inf is redone masked, in float64. Both redo
     loops are branch-free (selects), so they vectorize too."""
+    _wide()
     n = x.shape[0]
     lo, hi, s, q = out[0], out[1], out[2], out[3]
     nan, inf, zeros, count = int(out[4]), int(out[5]), int(out[6]), int(out[7])
@@ -624,6 +673,7 @@ def _error_kernel(r: Any, t: Any, guard: float, tiny: float, one_ulp: float, th0
     overflow (``finfo.min`` attention masks) or with squares near float32's underflow is redone in
     float64, still vectorized; a block with NaN/Inf is redone element by element in float64.
     """
+    _wide()
     n = r.shape[0]
     if n == 0:
         return
@@ -857,6 +907,7 @@ def _cosine(rr: float, dd: float, dr: float) -> float:  # pragma: no cover - com
 @numba.njit(nogil=True, cache=True, fastmath=_FASTMATH, error_model="numpy")
 def _clip_kernel(x: Any, top: float, out: Any) -> None:  # pragma: no cover - compiled
     """``out[i]``: ``x[i]`` decoded and clamped to ``[-top, top]`` (Inf too; NaN stays NaN), in ``out``'s type."""
+    _wide()
     hi = _like(out[0], top)
     for i in range(x.shape[0]):
         v = _like(hi, _load(x, i))

@@ -200,6 +200,15 @@ def _stats_bandwidth(clock: Callable[[], float], device: str = "cpu") -> float:
     return x.nbytes / statistics.median(times)
 
 
+def _vector_width() -> str:
+    """The statistics kernel's vector width (``accuracy.fused.WIDE_VECTORS``; older opbands: LLVM's default)."""
+    try:
+        from accuracy import fused
+    except ImportError:
+        return "no fused kernels"
+    return "512-bit" if getattr(fused, "WIDE_VECTORS", False) else "LLVM's default"
+
+
 def _fingerprint_time(clock: Callable[[], float], model: torch.nn.Module) -> float | None:
     """CPU time of the parameter fingerprints every capture takes (median of 3), None where there are none."""
     try:
@@ -311,7 +320,7 @@ def main() -> None:
         print(f"on-device statistics: {os.environ.get('OPBAND_DEVICE_STATS') or 'triton (default)'}")
     print(f"model {args.model} on {args.device}: threads={torch.get_num_threads()} runs={args.runs} clock={args.clock} "
           f"malloc={args.malloc} plain forward={med['plain'] * 1e3:.1f} ms (min {min(times['plain']) * 1e3:.1f}); "
-          f"statistics kernel {bandwidth / 1e9:.1f} GB/s")
+          f"statistics kernel {bandwidth / 1e9:.1f} GB/s ({_vector_width()} vectors)")
     engines = {"": "", "dispatch": " (dispatch mode)"}
     if "full" in modes:
         print(f"full captures and raw writes write into {args.pages} pages (--pages)")

@@ -86,7 +86,8 @@ def main() -> None:
         zero_frac += int((v == 0).sum())
     total = sum(t.numel() for t in outs)
     print(f"model {args.model}: {len(outs)} float outputs, {sum(t.nbytes for t in outs) / 1e6:.1f} MB; "
-          f"{len(big)} of >= 64k elements; {bad}/{blocks} blocks with NaN/Inf; {zero_frac / total:.1%} zeros")
+          f"{len(big)} of >= 64k elements; {bad}/{blocks} blocks with NaN/Inf; {zero_frac / total:.1%} zeros; "
+          f"{512 if fused.WIDE_VECTORS else 'default (256)'}-bit vectors (fused.WIDE_VECTORS)")
     arrays = {name: [(t, t.numpy() if t.dtype == torch.float32 else t.view(torch.int16).numpy()) for t in ts]
               for name, ts in (("large", big), ("small", small), ("all", outs))}
     fns = {"stats": lambda p: host_stats(p[0]), "np.max": lambda p: np.max(p[1])}

@@ -1,0 +1,96 @@
+"""accuracy.fused's 512-bit vectors: which CPUs get them, that the attribute reaches the machine code,
+and that the wide kernel's statistics are the narrow one's."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import numba
+import numpy as np
+import pytest
+
+from accuracy import fused
+
+
+@pytest.mark.parametrize(("name", "features", "wide"), [
+    ("sapphirerapids", "+avx2,+avx512f,+avx512bw", True),
+    ("emeraldrapids", "+avx512f,-amx-tile", True),
+    ("icelake-server", "+avx512f", True),
+    ("znver4", "+avx512f,+avx512vl", True),
+    ("skylake-avx512", "+avx512f,+avx512bw", False),  # clocks down for 512-bit float work
+    ("cascadelake", "+avx512f", False),
+    ("znver3", "+avx2,-avx512f", False),  # no AVX-512
+    ("haswell", "+avx2", False),
+    ("generic", "+avx512f", False),  # a portable cache (NUMBA_CPU_NAME=generic)
+])
+def test_which_targets_get_512_bit_vectors(name: str, features: str, wide: bool) -> None:
+    assert fused._wide_target(name, features) is wide
+
+
+def _fresh(wide: bool, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Any]:
+    """``_stats_more`` compiled now (no cache) with WIDE_VECTORS as given."""
+    monkeypatch.setattr(fused, "WIDE_VECTORS", wide)
+    kernel = numba.njit(nogil=True, fastmath=fused._FASTMATH, error_model="numpy")(fused._stats_more.py_func)
+    kernel(np.ones(8, np.float32), fused.empty_head())  # compiles while WIDE_VECTORS holds
+    return kernel
+
+
+def _asm_and_ir(kernel: Any) -> tuple[str, str]:
+    sig = kernel.signatures[0]
+    return kernel.inspect_asm(sig), kernel.inspect_llvm(sig)
+
+
+def _tricky(rng: np.random.Generator) -> list[np.ndarray]:
+    """Arrays over several STATS_BLOCKs and a partial one: normal values, signed zeros, a NaN/Inf block,
+    values whose float32 squares overflow, subnormals, and bfloat16/float16 words."""
+    n = 3 * fused.STATS_BLOCK + 77
+    base = rng.standard_normal(n).astype(np.float32) * 3
+    zeros = base.copy()
+    zeros[::5], zeros[1::7] = 0.0, -0.0
+    bad = base.copy()
+    bad[fused.STATS_BLOCK + 3], bad[fused.STATS_BLOCK + 9], bad[-1] = np.nan, np.inf, -np.inf
+    big = base * np.float32(1e30)  # squares overflow float32: the float64 redo
+    tiny = (base * np.float32(1e-40)).astype(np.float32)
+    bf16 = (base.view(np.uint32) >> 16).astype(np.uint16)
+    f16 = base.astype(np.float16).view(np.int16)
+    return [base, zeros, bad, big, tiny, base.astype(np.float64), bf16, f16]
+
+
+def test_wide_kernel_summarises_as_the_narrow_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Same min, max and counts, sums within float32 block rounding (the vector width only reorders
+    the additions inside a block), against a float64 reference too."""
+    arrays = _tricky(np.random.default_rng(3))
+    heads = {}
+    for wide in (False, True):
+        kernel = _fresh(wide, monkeypatch)
+        asm, ir = _asm_and_ir(kernel)
+        assert ('"prefer-vector-width"="512"' in ir) is wide
+        if wide and fused._wide_target(*fused._numba_target()):  # this CPU runs 512-bit vectors
+            assert "zmm" in asm
+        if not wide:
+            assert "zmm" not in asm
+        out = []
+        for x in arrays:
+            head = fused.empty_head()
+            kernel(x, head)
+            out.append(head)
+        heads[wide] = out
+    for x, narrow, wide_head in zip(arrays, heads[False], heads[True]):
+        exact = [0, 1, 4, 5, 6, 7]  # lo, hi, nan, inf, zeros, finite count
+        assert np.array_equal(narrow[exact], wide_head[exact])
+        np.testing.assert_allclose(wide_head[2:4], narrow[2:4], rtol=1e-5, atol=1e-30)
+        if x.dtype == np.float32:
+            v = x.astype(np.float64)
+            fin = v[np.isfinite(v)]
+            np.testing.assert_allclose(wide_head[2], fin.sum(), rtol=1e-5, atol=1e-3 * np.abs(fin).max() * 1e-3)
+            np.testing.assert_allclose(wide_head[3], (fin * fin).sum(), rtol=1e-5, atol=1e-70)  # squares below float32's range: 0
+            assert wide_head[6] == np.count_nonzero(fin == 0)
+
+
+def test_kernels_with_hot_loops_ask_for_the_width() -> None:
+    """A kernel with a hot loop asks for the width first (one edited without ``_wide()`` fails here)."""
+    for kernel in (fused._stats_more, fused._masked64, fused._sums64, fused._error_kernel, fused._clip_kernel):
+        body = inspect.getsource(kernel.py_func).split('"""')[-1]  # after the docstring
+        assert body.lstrip().startswith("_wide()"), kernel.py_func.__name__
