@@ -537,6 +537,60 @@ def empty_head() -> np.ndarray:
     return head
 
 
+@intrinsic
+def _c_update(typingctx: Any, fn: Any, state: Any, data: Any, n: Any) -> Any:
+    """``fn(state, data, n)``: the C function ``int fn(void*, const void*, size_t)`` at address ``fn``
+    (a streaming hash's update), called from compiled code: the address is an argument, so the
+    caller's machine code stays cacheable."""
+    if not all(isinstance(a, types.Integer) for a in (fn, state, data, n)):
+        return None
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        ptr = ir.IntType(8).as_pointer()
+        fnty = ir.FunctionType(ir.IntType(32), [ptr, ptr, ir.IntType(64)])
+        f, st, at, size = args
+        return builder.call(builder.inttoptr(f, fnty.as_pointer()),
+                            [builder.inttoptr(st, ptr), builder.inttoptr(at, ptr), size])
+
+    return types.int32(fn, state, data, n), codegen
+
+
+#: :func:`hashed_heads`' code of each kernel dtype
+KIND_CODES = {"float32": 0, "float64": 1, "bfloat16": 2, "float16": 3}
+
+
+@numba.njit(nogil=True, cache=True)
+def _hashed_more(update: int, states: Any, addrs: Any, nbytes: Any, kinds: Any, heads: Any,
+                 chunk: int) -> None:  # pragma: no cover - compiled
+    for i in range(addrs.shape[0]):
+        at, size, state, kind, head = addrs[i], nbytes[i], states[i], kinds[i], heads[i]
+        for start in range(0, size, chunk):
+            n = min(chunk, size - start)
+            _c_update(update, state, at + start, n)  # the hash reads the chunk into the core's cache,
+            if kind == 0:  # the statistics read it from there
+                _stats_more(numba.carray(_voidptr(at + start), n // 4, np.float32), head)
+            elif kind == 1:
+                _stats_more(numba.carray(_voidptr(at + start), n // 8, np.float64), head)
+            elif kind == 2:
+                _stats_more(numba.carray(_voidptr(at + start), n // 2, np.uint16), head)
+            else:
+                _stats_more(numba.carray(_voidptr(at + start), n // 2, np.int16), head)
+
+
+def hashed_heads(update: int, states: np.ndarray, addrs: np.ndarray, nbytes: np.ndarray, kinds: np.ndarray,
+                 chunk: int) -> np.ndarray:
+    """The statistics heads (``N_STATS`` columns) of several arrays given by address, byte size and
+    :data:`KIND_CODES`, each read ``chunk`` bytes at a time, every chunk first handed to the C hash
+    update ``update(states[i], chunk address, chunk bytes)``: a digest and the statistics of many
+    tensors in one call that holds no GIL, each chunk read from memory once. ``chunk`` is a whole number
+    of STATS_BLOCKs of float64, so each head is the one a single pass gives (:data:`MORE_AT`)."""
+    assert chunk % (STATS_BLOCK * 8) == 0
+    heads = np.zeros((addrs.shape[0], N_STATS), np.float64)
+    heads[:, 0], heads[:, 1] = np.inf, -np.inf
+    _hashed_more(update, states, addrs, nbytes, kinds, heads, chunk)
+    return heads
+
+
 #: ``SAMPLE_AT[dtype](addr, idx_addr, k, out)``: ``out[:k]`` = the values at flat indices ``idx``
 SAMPLE_AT = {"float32": _sample_at(np.float32), "float64": _sample_at(np.float64),
              "bfloat16": _sample_at(np.uint16), "float16": _sample_at(np.int16)}
@@ -1079,6 +1133,8 @@ def warm_up(errors: bool = False) -> None:
         fn(idx.ctypes.data, idx.ctypes.data, 1, out)
     for fn in MORE_AT.values():
         fn(idx.ctypes.data, 1, empty_head())
+    nothing = np.zeros(0, np.int64)  # no arrays: compiles the hashed walk, calls no hash
+    hashed_heads(0, nothing, nothing, nothing, nothing, STATS_BLOCK * 8)
     if errors:
         public_histogram(np.zeros(N_CODES, np.int64), 1, 2, np.zeros(1), np.ones((4, 2)), np.zeros(4, np.int64), np.zeros(1))
         acc = ErrorAccumulator(2.0**-126, 2.0**-126, 23, (1e-4, 1e-3, 5e-3))

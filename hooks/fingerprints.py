@@ -8,8 +8,10 @@ and absmax, which still compare across an honest dtype cast.
 
 from __future__ import annotations
 
+import ctypes
 import math
 import threading
+from functools import cache
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -169,30 +171,119 @@ def _kernel_print(t: torch.Tensor, data: torch.Tensor) -> TensorPrint:
     and absmax over its finite values, in one walk of :data:`CHUNK_BYTES` pieces, each hashed
     (streamed: the digest of the whole) and then summarised by ``accuracy.fused``'s statistics
     kernel, by address, continuing one head (the numbers a single pass gives, whatever the chunk)."""
-    return _print_from(t, _walk(_KernelInput.of(data), CHUNK_BYTES))
+    return _print_from(t, _walk_all([_KernelInput.of(data)], CHUNK_BYTES)[0])
 
 
 class _KernelInput(NamedTuple):
-    """What the chunk walk reads: the bytes, their address, element size and the kernel's dtype name."""
+    """What a walk reads: a contiguous tensor's bytes by address, their size, element size and the
+    kernel's dtype name (the tensor is held so that its memory stays while the walk reads it)."""
 
-    raw: memoryview
+    tensor: torch.Tensor
     addr: int
+    nbytes: int
     item: int
     dtype: str
 
     @classmethod
     def of(cls, data: torch.Tensor) -> _KernelInput:
-        raw = data.reshape(-1).view(torch.uint8).numpy().data
-        return cls(raw, data.data_ptr(), data.element_size(), _KERNEL_DTYPES[data.dtype])
+        item = data.element_size()
+        return cls(data, data.data_ptr(), data.numel() * item, item, _KERNEL_DTYPES[data.dtype])
+
+    def raw(self) -> memoryview:
+        """The bytes as a flat buffer (no torch op: a thread may call it)."""
+        return memoryview((ctypes.c_char * self.nbytes).from_address(self.addr)).cast("B")
+
+
+class _Digest(ctypes.Structure):
+    _fields_ = [("low64", ctypes.c_uint64), ("high64", ctypes.c_uint64)]  # XXH128_hash_t
+
+
+class _Xxh3(NamedTuple):
+    """xxh3-128's streaming C functions as the ``xxhash`` package's own extension exports them: the
+    walk updates their states from compiled code (``accuracy.fused.hashed_heads``), so many tensors are
+    hashed and summarised in one call, without Python or the GIL between chunks."""
+
+    update: int  # address of int XXH3_128bits_update(state*, const void*, size_t), the CPU-dispatched one
+    create: Any
+    reset: Any
+    digest: Any
+
+    def hexdigest(self, state: int) -> str:
+        """The state's digest as ``xxhash.xxh3_128.hexdigest`` spells it (canonical: high half first)."""
+        d = self.digest(state)
+        return f"{d.high64:016x}{d.low64:016x}"
+
+
+@cache
+def _xxh3() -> _Xxh3 | None:
+    """The package's C functions, checked against ``xxhash.xxh3_128_hexdigest`` on a few sizes; None
+    where its extension does not export them (another build), and walks go chunk by chunk in Python."""
+    try:
+        lib = ctypes.CDLL(xxhash._xxhash.__file__)
+        update = getattr(lib, "XXH3_128bits_update_dispatch", None) or lib.XXH3_128bits_update
+        create, reset, digest = lib.XXH3_createState, lib.XXH3_128bits_reset, lib.XXH3_128bits_digest
+    except (AttributeError, OSError):
+        return None
+    create.restype, create.argtypes = ctypes.c_void_p, []
+    reset.restype, reset.argtypes = ctypes.c_int, [ctypes.c_void_p]
+    digest.restype, digest.argtypes = _Digest, [ctypes.c_void_p]
+    found = _Xxh3(ctypes.cast(update, ctypes.c_void_p).value or 0, create, reset, digest)
+    probe = torch.arange(CHUNK_BYTES // 4 + 4099, dtype=torch.float32)  # a whole chunk and a partial one
+    srcs = [_KernelInput.of(probe[:n]) for n in (1, 4099, probe.numel())]
+    try:
+        digests = [d for d, _ in _native_walk(found, srcs)]
+    except Exception:  # noqa: BLE001 - unusable here: the Python walk
+        return None
+    expected = [xxhash.xxh3_128_hexdigest(s.raw()) for s in srcs]
+    return found if found.update and digests == expected else None
+
+
+#: tensors a native walk takes at a time (each needs one xxh3 state, ~600 bytes, kept for reuse)
+NATIVE_BATCH = 256
+_STATES: list[int] = []
+_STATES_LOCK = threading.Lock()
+
+
+def _native_walk(xxh3: _Xxh3, srcs: list[_KernelInput]) -> list[tuple[str, np.ndarray]]:
+    """``(digest, statistics head)`` of each input, NATIVE_BATCH at a time, :data:`CHUNK_BYTES` per
+    chunk inside one compiled call (no GIL held)."""
+    out: list[tuple[str, np.ndarray]] = []
+    for b in range(0, len(srcs), NATIVE_BATCH):
+        batch = srcs[b:b + NATIVE_BATCH]
+        with _STATES_LOCK:
+            states = [_STATES.pop() if _STATES else xxh3.create() for _ in batch]
+        try:
+            if not all(states):
+                raise MemoryError("XXH3_createState returned NULL")
+            for state in states:
+                xxh3.reset(state)
+            heads = fused.hashed_heads(
+                xxh3.update, np.array(states, np.int64), np.array([s.addr for s in batch], np.int64),
+                np.array([s.nbytes for s in batch], np.int64),
+                np.array([fused.KIND_CODES[s.dtype] for s in batch], np.int64), CHUNK_BYTES)
+            out.extend((xxh3.hexdigest(state), heads[i]) for i, state in enumerate(states))
+        finally:
+            with _STATES_LOCK:
+                _STATES.extend(s for s in states if s)
+    return out
+
+
+def _walk_all(srcs: list[_KernelInput], python_chunk: int) -> list[tuple[str, np.ndarray]]:
+    """``(digest, statistics head)`` of each input: in compiled code where xxhash's C functions are
+    available (:func:`_xxh3`), else chunk by chunk in Python, ``python_chunk`` bytes at a time. No
+    torch op (a thread may run it)."""
+    xxh3 = _xxh3()
+    if xxh3 is None:
+        return [_walk(src, python_chunk) for src in srcs]
+    return _native_walk(xxh3, srcs)
 
 
 def _walk(src: _KernelInput, chunk: int) -> tuple[str, np.ndarray]:
-    """``(digest, statistics head)`` of ``src``, chunk by chunk; no torch op (a thread may run it)."""
+    """``(digest, statistics head)`` of ``src``, chunk by chunk from Python (where :func:`_xxh3` is None)."""
     more = fused.MORE_AT[src.dtype]
     head = fused.empty_head()
     hasher = xxhash.xxh3_128()
-    raw, addr, item = src.raw, src.addr, src.item
-    nbytes = raw.nbytes
+    raw, addr, item, nbytes = src.raw(), src.addr, src.item, src.nbytes
     for start in range(0, nbytes, chunk):
         stop = min(start + chunk, nbytes)
         hasher.update(raw[start:stop])  # both release the GIL
@@ -252,17 +343,35 @@ class PendingPrints:
 
 
 def _prints_of(named: list[tuple[str, torch.Tensor]], masked: bool = False) -> PendingPrints:
-    """Prints by name, in ``named``'s order: CPU tensors one by one now, accelerator ones batched
-    (:class:`DevicePrints`) and read by :meth:`PendingPrints.read`."""
+    """Prints by name, in ``named``'s order: CPU tensors now (those of the statistics kernel's dtypes
+    in one walk, :func:`_walk_all`), accelerator ones batched (:class:`DevicePrints`) and read by
+    :meth:`PendingPrints.read`."""
     out: dict[str, TensorPrint | None] = {}
     on_device: list[tuple[str, torch.Tensor]] = []
+    walks: list[tuple[str, torch.Tensor, _KernelInput]] = []
     for name, t in named:
+        out[name] = None
         if _on_accelerator(t):
-            out[name] = None
             on_device.append((name, t))
+        elif (src := _kernel_input(t)) is not None:
+            walks.append((name, t, src))
         else:
             out[name] = _guarded_print(t)
+    for (name, t, _), walked in zip(walks, _walk_all([src for _, _, src in walks], CHUNK_BYTES)):
+        out[name] = _print_from(t, walked)
     return PendingPrints(out, [n for n, _ in on_device], DevicePrints([t for _, t in on_device], masked))
+
+
+def _kernel_input(t: torch.Tensor) -> _KernelInput | None:
+    """What the walk reads of a non-empty CPU tensor of the statistics kernel's dtypes (a contiguous
+    copy if it is not contiguous), else None (fingerprinted by :func:`_print`)."""
+    try:
+        if not _printable(t) or t.dtype not in _KERNEL_DTYPES or not t.numel():
+            return None
+        data = t.detach().resolve_conj().resolve_neg()
+        return _KernelInput.of(data.contiguous()) if data.is_cpu else None
+    except (RuntimeError, TypeError):  # a tensor subclass that cannot be read: _print decides
+        return None
 
 
 def _on_accelerator(t: torch.Tensor) -> bool:
@@ -279,7 +388,8 @@ def _guarded_print(t: torch.Tensor) -> TensorPrint | None:
         return None
 
 
-#: Bytes a background walk hashes, then summarises, at a time: few pieces, so that the thread asks
+#: Where the walk runs in Python (:func:`_xxh3` is None; the compiled walk takes CHUNK_BYTES with no
+#: GIL between them): bytes a background walk hashes, then summarises, at a time: few pieces, so that the thread asks
 #: for the GIL seldom while the forward pass (Python-bound under a dispatch mode) holds it, yet small
 #: enough that the statistics' second read comes from the core's L2. llama-mid's 138 MB of weights
 #: (a 2-core Xeon with 2 MB L2, 2026-12-05): 25 ms to walk in 8 MB pieces, 20.5 ms in 1 MB, 17 ms in
@@ -329,8 +439,8 @@ class ParameterPrints:
 
     def _run(self) -> None:
         try:
-            for name, _, src, _ in self._later:
-                self._walked[name] = _walk(src, BACKGROUND_CHUNK_BYTES)
+            walked = _walk_all([src for _, _, src, _ in self._later], BACKGROUND_CHUNK_BYTES)
+            self._walked.update((name, w) for (name, *_), w in zip(self._later, walked))
         except BaseException as e:  # noqa: BLE001 - reported by result(), which redoes the rest here
             self._error = e
 

@@ -203,3 +203,71 @@ def test_an_unreadable_accelerator_tensor_loses_only_its_own_print() -> None:
     m.register_buffer("fake", fake)
     assert sorted(parameter_prints(m)) == ["real"]
     assert sorted(ParameterPrints(m).result()) == ["real"]
+
+
+def _walk_inputs() -> list:
+    """Kernel inputs of every dtype and size class: one element, a partial chunk, several chunks and a
+    short last one, NaN/Inf, a slice that starts inside its storage."""
+    from hooks.fingerprints import CHUNK_BYTES, _KernelInput
+
+    g = torch.Generator().manual_seed(11)
+    out = []
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        per = CHUNK_BYTES // torch.empty(0, dtype=dtype).element_size()
+        for n in (1, 4097, 3 * per + 999):
+            x = (torch.randn(n + 5, generator=g, dtype=torch.float64) * 4).to(dtype)[5:]  # storage offset 5
+            if n > 10:
+                x[[2, n // 2, n - 1]] = torch.tensor([float("nan"), float("inf"), -float("inf")], dtype=dtype)
+            out.append(_KernelInput.of(x))
+    return out
+
+
+def test_compiled_walk_hashes_and_summarises_as_the_python_walk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """xxhash's own C functions drive the walk here (a build without them would fall back silently:
+    this fails instead); its digests are ``xxhash.xxh3_128_hexdigest`` of the bytes and its heads the
+    Python walk's, also across several batches of states."""
+    import xxhash
+
+    from hooks import fingerprints as fps
+
+    assert fps._xxh3() is not None
+    srcs = _walk_inputs()
+    python = [fps._walk(src, fps.CHUNK_BYTES) for src in srcs]
+    monkeypatch.setattr(fps, "NATIVE_BATCH", 5)  # 12 inputs: three batches reuse the states
+    compiled = fps._walk_all(srcs, fps.CHUNK_BYTES)
+    for src, (digest, head), (want_digest, want_head) in zip(srcs, compiled, python):
+        assert digest == want_digest == xxhash.xxh3_128_hexdigest(src.raw())
+        assert head.tolist() == want_head.tolist()
+    assert len(fps._STATES) >= 5  # handed back for the next walk
+
+
+def test_failed_compiled_walk_hands_its_states_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    from accuracy import fused
+    from hooks import fingerprints as fps
+
+    srcs = _walk_inputs()[:3]
+    fps._walk_all(srcs, fps.CHUNK_BYTES)
+    pool = len(fps._STATES)
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("walk failed")
+
+    monkeypatch.setattr(fused, "hashed_heads", broken)
+    with pytest.raises(RuntimeError, match="walk failed"):
+        fps._walk_all(srcs, fps.CHUNK_BYTES)
+    assert len(fps._STATES) == pool
+
+
+def test_prints_without_the_compiled_walk_are_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where xxhash's extension does not export its C functions, every walk runs in Python, background
+    thread included, and the prints are the same."""
+    from hooks import fingerprints as fps
+
+    model = _Mixed()
+    compiled = ParameterPrints(model).result()
+    monkeypatch.setattr(fps, "_xxh3", lambda: None)
+    calls: list[int] = []
+    walk = fps._walk
+    monkeypatch.setattr(fps, "_walk", lambda src, chunk: calls.append(chunk) or walk(src, chunk))
+    assert ParameterPrints(model).result() == compiled == parameter_prints(model)
+    assert BACKGROUND_CHUNK_BYTES in calls  # the thread's Python walk, in its larger pieces
