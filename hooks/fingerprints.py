@@ -397,9 +397,10 @@ def _guarded_print(t: torch.Tensor) -> TensorPrint | None:
 #: whose 4x more GIL hand-overs cost the wall clock 0.04x (1.25x against 1.21x; 1 MB: within the noise).
 BACKGROUND_CHUNK_BYTES = 1 << 20
 assert BACKGROUND_CHUNK_BYTES % CHUNK_BYTES == 0
-#: Weights under this size are walked at once, on the caller's thread: each one the thread takes costs
-#: the forward pass a GIL hand-over or two, which a small walk does not repay (llama-small, whose weights
-#: are all under 1.1 MB, ran 0.03x slower with every weight on the thread; llama-mid 0.11x faster).
+#: Weights under this size are walked at once, on the caller's thread: a small walk does not repay the
+#: thread (llama-small, whose weights are all under 1.1 MB, ran 0.03x slower with every weight on the
+#: thread in the Python walk, and no faster in the compiled one: 1.54x against 1.52x, CPU clock,
+#: 2026-12-05; llama-mid 0.11x faster with its large ones there).
 BACKGROUND_MIN_BYTES = 2 << 20
 
 
