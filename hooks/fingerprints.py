@@ -176,9 +176,10 @@ def _kernel_print(t: torch.Tensor, data: torch.Tensor) -> TensorPrint:
 
 class _KernelInput(NamedTuple):
     """What a walk reads: a contiguous tensor's bytes by address, their size, element size and the
-    kernel's dtype name (the tensor is held so that its memory stays while the walk reads it)."""
+    kernel's dtype name (``owner``, the tensor or array, is held so that its memory stays while the
+    walk reads it)."""
 
-    tensor: torch.Tensor
+    owner: object
     addr: int
     nbytes: int
     item: int
@@ -228,8 +229,8 @@ def _xxh3() -> _Xxh3 | None:
     reset.restype, reset.argtypes = ctypes.c_int, [ctypes.c_void_p]
     digest.restype, digest.argtypes = _Digest, [ctypes.c_void_p]
     found = _Xxh3(ctypes.cast(update, ctypes.c_void_p).value or 0, create, reset, digest)
-    probe = torch.arange(CHUNK_BYTES // 4 + 4099, dtype=torch.float32)  # a whole chunk and a partial one
-    srcs = [_KernelInput.of(probe[:n]) for n in (1, 4099, probe.numel())]
+    probe = np.arange(CHUNK_BYTES // 4 + 4099, dtype=np.float32)  # a whole chunk and a partial one; no torch
+    srcs = [_KernelInput(probe, probe.ctypes.data, 4 * n, 4, "float32") for n in (1, 4099, probe.size)]  # op: any thread
     try:
         digests = [d for d, _ in _native_walk(found, srcs)]
     except Exception:  # noqa: BLE001 - unusable here: the Python walk
