@@ -35,12 +35,12 @@ def _print(t: torch.Tensor) -> TensorPrint | None:
     """:func:`tensor_print`, under ``no_grad`` already."""
     if not _printable(t):
         return None
+    if (src := _kernel_input(t)) is not None:
+        return _print_from(t, _walk_all([src], CHUNK_BYTES)[0])
     data = t.detach().resolve_conj().resolve_neg()
     if not data.is_cpu:
         return _device_prints([t])[0]
     data = data.contiguous()
-    if data.dtype in _KERNEL_DTYPES and data.numel():
-        return _kernel_print(t, data)
     raw = data.reshape(-1).view(torch.uint8).numpy().data if data.numel() else b""
     digest = xxhash.xxh3_128_hexdigest(raw)  # ~35 GB/s here; blake2b's 0.4 GB/s cost a forward pass
     return _statistics_print(t, _as_real_float(data), digest)
@@ -166,14 +166,6 @@ CHUNK_BYTES = 256 << 10
 assert CHUNK_BYTES % (fused.STATS_BLOCK * 8) == 0
 
 
-def _kernel_print(t: torch.Tensor, data: torch.Tensor) -> TensorPrint:
-    """The fingerprint of a non-empty contiguous CPU float tensor: its xxh3-128 digest and sum, L2
-    and absmax over its finite values, in one walk of :data:`CHUNK_BYTES` pieces, each hashed
-    (streamed: the digest of the whole) and then summarised by ``accuracy.fused``'s statistics
-    kernel, by address, continuing one head (the numbers a single pass gives, whatever the chunk)."""
-    return _print_from(t, _walk_all([_KernelInput.of(data)], CHUNK_BYTES)[0])
-
-
 class _KernelInput(NamedTuple):
     """What a walk reads: a contiguous tensor's bytes by address, their size, element size and the
     kernel's dtype name (``owner``, the tensor or array, is held so that its memory stays while the
@@ -228,7 +220,7 @@ def _xxh3() -> _Xxh3 | None:
     create.restype, create.argtypes = ctypes.c_void_p, []
     reset.restype, reset.argtypes = ctypes.c_int, [ctypes.c_void_p]
     digest.restype, digest.argtypes = _Digest, [ctypes.c_void_p]
-    found = _Xxh3(ctypes.cast(update, ctypes.c_void_p).value or 0, create, reset, digest)
+    found = _Xxh3(ctypes.cast(update, ctypes.c_void_p).value, create, reset, digest)  # a resolved symbol: not NULL
     probe = np.arange(CHUNK_BYTES // 4 + 4099, dtype=np.float32)  # a whole chunk and a partial one; no torch
     srcs = [_KernelInput(probe, probe.ctypes.data, 4 * n, 4, "float32") for n in (1, 4099, probe.size)]  # op: any thread
     try:
@@ -236,7 +228,7 @@ def _xxh3() -> _Xxh3 | None:
     except Exception:  # noqa: BLE001 - unusable here: the Python walk
         return None
     expected = [xxhash.xxh3_128_hexdigest(s.raw()) for s in srcs]
-    return found if found.update and digests == expected else None
+    return found if digests == expected else None
 
 
 #: tensors a native walk takes at a time (each needs one xxh3 state, ~600 bytes, kept for reuse)
@@ -365,7 +357,10 @@ def _prints_of(named: list[tuple[str, torch.Tensor]], masked: bool = False) -> P
 
 def _kernel_input(t: torch.Tensor) -> _KernelInput | None:
     """What the walk reads of a non-empty CPU tensor of the statistics kernel's dtypes (a contiguous
-    copy if it is not contiguous), else None (fingerprinted by :func:`_print`)."""
+    copy if it is not contiguous), else None (fingerprinted by :func:`_print`'s other paths). The walk
+    (:func:`_walk_all`) takes :data:`CHUNK_BYTES` pieces, each hashed (streamed: the xxh3-128 digest of
+    the whole) and then summarised by ``accuracy.fused``'s statistics kernel, continuing one head:
+    sum, L2 and absmax over the finite values are the numbers a single pass gives, whatever the chunk."""
     try:
         if not _printable(t) or t.dtype not in _KERNEL_DTYPES or not t.numel():
             return None
