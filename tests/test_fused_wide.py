@@ -104,3 +104,23 @@ def test_kernels_with_hot_loops_ask_for_the_width() -> None:
     for kernel in (fused._stats_more, fused._masked64, fused._sums64, fused._error_kernel, fused._clip_kernel):
         body = inspect.getsource(kernel.py_func).split('"""')[-1]  # after the docstring
         assert body.lstrip().startswith("_wide()"), kernel.py_func.__name__
+
+
+def test_error_kernel_divides_a_whole_vector_at_a_time() -> None:
+    """The float32 block loop of the error kernel runs at least 8 lanes wide on an AVX2 host: its main
+    loop's packed float32 division (the relative error) is on ymm/zmm registers. Counts kept as int64 beside
+    float32 lanes made LLVM pick 4 lanes (xmm) and spill, 1.6x slower on Zen 3."""
+    name, features = fused._numba_target()
+    if "+avx2" not in features.split(","):
+        pytest.skip(f"numba compiles for {name} without AVX2: no 8-lane float32 vectors to look for")
+    kernel = numba.njit(nogil=True, fastmath=fused._FASTMATH, error_model="numpy")(fused._error_kernel.py_func)
+    acc = fused.ErrorAccumulator(1e-6, 2.0**-126, 23, (1e-4, 1e-3, 5e-3))
+    r = np.linspace(-2, 2, 1000, dtype=np.float32)
+    t = r + np.float32(1e-3)
+    kernel(r, t, *acc.args, acc.acc, acc.hist)  # compiled now, not from the cache: its machine code can be read
+    divisions = re.findall(r"vdivps\s+([^\n]*)", kernel.inspect_asm(kernel.signatures[0]))
+    # the main loop's; a vectorized remainder loop may divide on xmm (AVX-512 targets: zmm main, xmm epilogue)
+    assert any("ymm" in d or "zmm" in d for d in divisions), divisions
+    fused._error_kernel(r, t, *acc.args, acc.acc, acc.hist)  # and the cached kernel counts as this one
+    assert acc.acc[fused.A["numel"]] == 2000 and acc.hist.sum() == 2000
+    assert acc.acc[fused.A["rel_over_0"]] == 2 * np.count_nonzero(np.abs(t - r) / np.maximum(np.abs(r), 1e-6) > 1e-4)
