@@ -10,6 +10,7 @@ from opband.client import Client
 from opband.gate import gate_table
 from api.server import BackgroundServer, free_port
 from api.settings import Settings
+from accuracy.verdicts import Verdict
 
 SPEC = "hooks.demo_model:build"
 BUG_SPEC = "hooks.demo_faults:build_fast_sigmoid_bug"
@@ -51,7 +52,7 @@ def run_demo(data_dir: Path, *, port: int = 0, keep_serving: bool = False, targe
             title = "fp32 with a fast-sigmoid SiLU bug in layer 2" if variant == BUG_TARGET else variant
             echo(f"\n[4/4] compared on the server: {title} vs fp32, worst ops")
             echo(gate_table(c, ops, limit=10))
-            worst_code = max(worst_code, 1 if c["verdict"] == "fail" else 0)
+            worst_code = max(worst_code, 1 if c["verdict"] == Verdict.FAIL else 0)
         regressions = client.regressions(PROJECT)
         echo(f"\nregressions flagged: {regressions['count']}"
              + "".join(f"\n  {r['key']} (input shapes {r['shape_signature']}): {r['reason']}" for r in regressions["data"]))

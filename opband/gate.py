@@ -9,6 +9,7 @@ from typing import Any
 
 from accuracy.manifest import RunNames
 from accuracy.report import THRESHOLD, VERDICT_STYLE, fmt, op_words, print_renderables
+from accuracy.verdicts import Verdict
 from opband.client import Client
 from opband.terminal import progress
 
@@ -64,7 +65,7 @@ def gate_table(comparison: dict[str, Any], ops: list[dict[str, Any]], limit: int
 
 def gate_headline(c: dict[str, Any]) -> str:
     verdict = c.get("verdict") or c["status"]
-    word = "FAILED" if verdict == "fail" or c["status"] == "failed" else "PASSED"
+    word = "FAILED" if verdict == Verdict.FAIL or c["status"] == "failed" else "PASSED"
     counts = ", ".join(f"{n} {v}" for v, n in (c.get("counts") or {}).items() if n)
     line = f"{word} | comparison {c['id']} | {verdict} | {counts}"
     fd = c.get("first_divergence")
@@ -85,11 +86,11 @@ def group_by_root(ops: list[dict[str, Any]]) -> list[tuple[dict[str, Any], list[
     groups: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
     root: list[dict[str, Any]] | None = None
     for o in sorted(ops, key=lambda o: o["index"]):
-        if o["inherited"] and o["verdict"] in ("fail", "warn") and root is not None:
+        if o["inherited"] and o["verdict"] in (Verdict.FAIL, Verdict.WARN) and root is not None:
             root.append(o)
             continue
         groups.append((o, []))
-        if o["verdict"] in ("fail", "warn"):
+        if o["verdict"] in (Verdict.FAIL, Verdict.WARN):
             root = groups[-1][1]
     return groups
 
@@ -106,13 +107,13 @@ def junit_xml(c: dict[str, Any], ops: list[dict[str, Any]]) -> str:
         if inherited:
             detail.append(f"{len(inherited)} later op(s) inherit this error (failing downstream of it):")
             detail += [f"  {i['verdict'].upper()} (inherited) {i['key']} | {i['reason']}" for i in inherited]
-        if o["verdict"] == "fail":
+        if o["verdict"] == Verdict.FAIL:
             failure = Failure(o["reason"][:500], "opband.out_of_budget")
             failure.text = "\n".join(detail)
             case.result = [failure]
-        elif o["verdict"] in ("new", "missing"):
+        elif o["verdict"] in (Verdict.NEW, Verdict.MISSING):
             case.result = [Skipped(o["reason"][:500])]
-        elif o["verdict"] == "warn" or inherited:
+        elif o["verdict"] == Verdict.WARN or inherited:
             case.system_out = "WARNING | " + "\n".join(detail)
         suite.add_testcase(case)
     suite.update_statistics()
@@ -172,7 +173,7 @@ def run_gate(server: str, project: str, reference: Path, target: Path, *, token:
             return EXIT_ERROR
         with progress("fetching op results", unit="ops") as update:
             ops = all_ops(client, c["id"], on_page=lambda got, count: update(got, count))
-        accepted = accepted_failures(client, project, c, ops) if c["verdict"] == "fail" else None
+        accepted = accepted_failures(client, project, c, ops) if c["verdict"] == Verdict.FAIL else None
     finally:
         client.close()
     link = dashboard_link(server, c["id"])
@@ -199,12 +200,12 @@ def run_gate(server: str, project: str, reference: Path, target: Path, *, token:
         echo("PASSED | every local failure is accepted by a deviation that has not expired; "
              "the comparison's verdict stays fail on the dashboard")
         return EXIT_PASS
-    return EXIT_FAIL if c["verdict"] == "fail" else EXIT_PASS
+    return EXIT_FAIL if c["verdict"] == Verdict.FAIL else EXIT_PASS
 
 
 def local_failures(ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The failing ops that are not inherited: the ones the service opens regressions for."""
-    return [o for o in ops if o["verdict"] == "fail" and not o["inherited"]]
+    return [o for o in ops if o["verdict"] == Verdict.FAIL and not o["inherited"]]
 
 
 def accepted_failures(client: Client, project: str, c: dict[str, Any], ops: list[dict[str, Any]]) -> list[str] | None:

@@ -105,6 +105,7 @@ class Checker:
 
     def _judge_on_server(self, result: Any) -> list[str]:
         """Upload reference and targets, compare on the server (mode replay), and phrase its verdict."""
+        from accuracy.verdicts import Verdict
         from opband.client import Client, ClientError
 
         client = Client(self.server or "", self.token)
@@ -118,7 +119,7 @@ class Checker:
                     lines.append(f"FAILED | {variant} | the server could not compare: {comparison.get('error')}")
                     continue
                 for o in client.ops(comparison["id"])["data"]:
-                    if o["verdict"] in ("fail", "missing"):
+                    if o["verdict"] in (Verdict.FAIL, Verdict.MISSING):
                         lines.append(f"FAILED | {o['key']} {variant} shape {o['shape_signature']} | {o['reason']}")
         except ClientError as e:
             lines.append(f"FAILED | upload to {self.server} | {e}")
