@@ -39,6 +39,8 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic, overload
 
+from accuracy.capture_format import DTYPES, KERNEL_DTYPES, STAT_FIELDS
+
 BLOCK = 512
 #: The statistics kernel's block: its loop carries five accumulators, whose horizontal reductions
 #: and float64 merges cost as much as ~500 elements of work, so longer blocks pay off (4096: ~1.5x
@@ -72,8 +74,8 @@ _DOWNCLOCKING = frozenset({"skylake-avx512", "cascadelake", "cooperlake", "knl",
 def _wide_target(name: str, features: str) -> bool:
     """Whether numba's target CPU (LLVM's ``name`` and ``+feature,-feature`` list) has AVX-512 that
     LLVM would leave unused: its tuning for Ice Lake and later Intel cores prefers 256-bit vectors,
-    which halves the element rate of a kernel limited by its arithmetic (the statistics kernel on a
-    cached float32 output, 2026-12-05 on an Emerald Rapids VM: 31 -> 45 GB/s). Numba's cache keys
+    which halves the element rate of a kernel limited by its arithmetic (docs/capture.md has the
+    measurements). Numba's cache keys
     hold the target's name and features, so cached machine code always matches this choice."""
     return name != "generic" and "+avx512f" in features.split(",") and name not in _DOWNCLOCKING
 
@@ -100,7 +102,7 @@ def _wide(typingctx: Any) -> Any:
     asks LLVM for 512-bit vectors (the ``prefer-vector-width`` attribute, as clang's
     ``-mprefer-vector-width=512`` sets; llvmlite's attribute set knows only enum attributes, hence
     ``set.add``). The kernel is vectorized in its own module, so callers that inline it keep its
-    vectors (the compiled observer's row function: 26 -> 33 GB/s; ``tests/test_fused_wide.py``)."""
+    vectors (the compiled observer's row function among them; ``tests/test_fused_wide.py``)."""
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         if WIDE_VECTORS:
             set.add(builder.function.attributes, '"prefer-vector-width"="512"')
@@ -447,7 +449,7 @@ def tensor_stats(x: np.ndarray, threads: int = 1) -> np.ndarray:
 
 
 #: :func:`stats_row` layout: these fields, then the sample (zero-padded to the row's length).
-ROW_FIELDS = ("numel", "min", "max", "mean", "std", "l2", "absmax", "nan", "inf", "zeros")
+ROW_FIELDS = STAT_FIELDS
 _N_ROW = len(ROW_FIELDS)
 
 
@@ -592,14 +594,9 @@ def hashed_heads(update: int, states: np.ndarray, addrs: np.ndarray, nbytes: np.
 
 
 #: ``SAMPLE_AT[dtype](addr, idx_addr, k, out)``: ``out[:k]`` = the values at flat indices ``idx``
-SAMPLE_AT = {"float32": _sample_at(np.float32), "float64": _sample_at(np.float64),
-             "bfloat16": _sample_at(np.uint16), "float16": _sample_at(np.int16)}
-_row_f32 = _row_at(np.float32)
-_row_f64 = _row_at(np.float64)
-_row_bf16 = _row_at(np.uint16)
-_row_f16 = _row_at(np.int16)
+SAMPLE_AT = {name: _sample_at(DTYPES[name].word.type) for name in KERNEL_DTYPES}
 #: ``stats_row_at``'s function per dtype name of the values at the address
-ROW_AT = {"float32": _row_f32, "float64": _row_f64, "bfloat16": _row_bf16, "float16": _row_f16}
+ROW_AT = {name: _row_at(DTYPES[name].word.type) for name in KERNEL_DTYPES}
 
 def _row_cfunc(dtype: Any) -> Any:
     """``stats_row_at`` as a C function (numba ``cfunc``): hooks' compiled observer calls it by address,
@@ -619,13 +616,12 @@ _ROW_CFUNCS: dict[str, Any] = {}
 
 
 def row_cfunc_addresses() -> list[int]:
-    """The C addresses of the statistics row for float32, float64, bfloat16 and float16 (in that
-    order): ``void row(values, n, sample_index, k, cancel, double* out, out_length)``, compiled (or
-    loaded from numba's cache) at the first call."""
+    """The C addresses of the statistics row for each of :data:`~accuracy.capture_format.KERNEL_DTYPES`
+    (in that order, the kernel codes): ``void row(values, n, sample_index, k, cancel, double* out,
+    out_length)``, compiled (or loaded from numba's cache) at the first call."""
     if not _ROW_CFUNCS:
-        _ROW_CFUNCS.update({"float32": _row_cfunc(np.float32), "float64": _row_cfunc(np.float64),
-                            "bfloat16": _row_cfunc(np.uint16), "float16": _row_cfunc(np.int16)})
-    return [_ROW_CFUNCS[name].address for name in ("float32", "float64", "bfloat16", "float16")]
+        _ROW_CFUNCS.update({name: _row_cfunc(DTYPES[name].word.type) for name in KERNEL_DTYPES})
+    return [_ROW_CFUNCS[name].address for name in KERNEL_DTYPES]
 
 
 #: ``var <= CANCEL * mean^2``: the one-pass variance has lost most of its digits (~1e4 ulp of the work type)
@@ -673,8 +669,8 @@ def _error_block(rb: Any, tb: Any, zero: Any, guard: Any, tiny: Any, one: Any, t
     values whose sum overflows (``finfo.min`` masks), which would send such blocks element by element."""
     ba = be = bq = br = bd = brel = bu = zero
     ma = mr = mu = _bits(zero)  # bits of non-negative values: integer maxima vectorize
-    # the counts in the work type too (exact: a block is far below 2^24 elements). int64 counts beside
-    # float32 lanes made LLVM pick 4-wide vectors and spill on AVX2: 2.4-2.6 -> 1.5 ns an element on Zen 3
+    # the counts in the work type too (exact: a block is far below 2^24 elements): int64 counts beside
+    # float32 lanes make LLVM pick 4-wide vectors and spill on AVX2
     bo = c0 = c1 = c2 = bad = zero
     for i in range(rb.shape[0]):
         rv, tv = _pair(rb, tb, i)
@@ -1065,8 +1061,8 @@ class ErrorAccumulator:
 
 
 # -- encodings and threads --------------------------------------------------------------------------
-#: numpy dtype a kernel reads for each stored dtype name (bundle tags and torch/numpy names).
-_WORDS = {"bfloat16": np.uint16, "BF16": np.uint16, "float16": np.int16, "F16": np.int16}
+#: the 16-bit formats, whose kernels read raw words, by record name and bundle tag
+_WORDS = {key: d.word for d in DTYPES.values() if d.word is not None and d.word.itemsize == 2 for key in (d.name, d.tag)}
 
 
 def kernel_array(x: np.ndarray, dtype: str | None = None) -> np.ndarray | None:

@@ -288,14 +288,6 @@ def _schema_error(e: ValidationError, what: str) -> BundleError:
     return BundleError(f"{what} field {where or '(root)'}: {first['msg']} ({e.error_count()} problem(s) in all)")
 
 
-def parse_manifest(text: str) -> Manifest:
-    """Parse a 1.x manifest (records inside) into one Manifest; every problem one readable BundleError."""
-    manifest, ref = parse_manifest_head(text)
-    if ref is not None:
-        raise BundleError("this manifest keeps its records in a tensor (format 2.0): open the bundle with Bundle.open")
-    return manifest
-
-
 def parse_manifest_head(text: str) -> tuple[Manifest, RecordsRef | None]:
     """Parse manifest JSON. 1.x: the Manifest with its records, and None. 2.x: the Manifest without
     records, and where they are (``{"tensor": ..., "count": ...}`` in place of the record list)."""

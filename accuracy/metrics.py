@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from accuracy import fused
+from accuracy.capture_format import FLOAT_FORMATS, kernel_word
 
 REL_THRESHOLDS = (1e-4, 1e-3, 5e-3)
 QUANTILES = (0.5, 0.9, 0.99, 0.999)
@@ -62,16 +63,6 @@ HIST_EDGES = np.array(
 _CODE_LOW = 1 + (HIST_LOW_EXP + 127) * HIST_PER_OCTAVE
 _CODE_HIGH = 1 + (HIST_HIGH_EXP + 127) * HIST_PER_OCTAVE
 
-#: Mantissa bits (excluding the implicit one) and smallest normal of each floating dtype.
-FLOAT_FORMATS: dict[str, tuple[int, float]] = {
-    "float64": (52, 2.0**-1022),
-    "float32": (23, 2.0**-126),
-    "tfloat32": (10, 2.0**-126),
-    "float16": (10, 2.0**-14),
-    "bfloat16": (7, 2.0**-126),
-    "float8_e4m3fn": (3, 2.0**-6),
-    "float8_e5m2": (2, 2.0**-14),
-}
 INT_DTYPES = ("int8", "qint8", "quint8", "int16", "int32", "int64", "uint8", "bool", "qint32")
 
 
@@ -306,9 +297,6 @@ def _small_pair(rk: np.ndarray, tk: np.ndarray, target_dtype: str, ref_absmax: f
 BATCH_MAX = 1 << 16
 #: … and of at most this many when a side's values lie unaligned in its buffer and must be copied.
 PACK_MAX = 1 << 12
-#: numpy dtype the error kernel reads for each stored dtype tag it reads undecoded.
-_KERNEL_WORDS = {"F32": np.dtype(np.float32), "F64": np.dtype(np.float64), "BF16": np.dtype(np.uint16),
-                 "F16": np.dtype(np.int16)}
 _SLOT_ALIGN = 8  # each pair's values start 8-byte aligned in the packed array
 
 
@@ -353,7 +341,7 @@ class PairBatch:
         (nothing queued) when the pair is not one to batch: larger than :data:`BATCH_MAX` elements, stored
         in a form the kernel does not read undecoded (FP8, integers), or of different sizes."""
         (ref_at, ref_bytes, ref_tag), (tgt_at, tgt_bytes, tgt_tag) = reference, target
-        rw, tw = _KERNEL_WORDS.get(ref_tag), _KERNEL_WORDS.get(tgt_tag)
+        rw, tw = kernel_word(ref_tag), kernel_word(tgt_tag)
         if rw is None or tw is None:
             return False
         numel, rest = divmod(ref_bytes, rw.itemsize)
@@ -472,18 +460,6 @@ def slot_bounds(idx: int) -> tuple[float, float]:
 
 
 _SLOT_BOUND_ARRAY = np.array([slot_bounds(i) for i in range(HIST_SLOTS)], np.float64)  # what the compiled quantiles read
-
-
-def bin_value(idx: int) -> float:
-    """Representative |error| of histogram slot ``idx`` (geometric midpoint of its bounds)."""
-    lo, hi = slot_bounds(idx)
-    if idx == 0:
-        return 0.0
-    if idx == 1:
-        return hi
-    if not math.isfinite(hi):
-        return lo
-    return math.sqrt(lo * hi)
 
 
 def compare_discrete(reference: np.ndarray | Iterable[np.ndarray], target: np.ndarray | Iterable[np.ndarray]) -> Metrics:

@@ -7,16 +7,29 @@ what (``max rel err 3.1e-02 > band 4.0e-03 (99%/95% tolerance bound of 12 accept
 from __future__ import annotations
 
 from collections.abc import Sequence
+from enum import StrEnum
 
 from accuracy.bands import BandCheck
 from accuracy.budgets import GOLDEN_RATIO, WARN_FACTOR, Budget
 from accuracy.metrics import Metrics
 
-VERDICT_ORDER = ("pass", "new", "missing", "warn", "fail")
+
+class Verdict(StrEnum):
+    """One op's (or a comparison's) outcome; equal to its lower-case name, as reports and the API spell it."""
+
+    PASS = "pass"
+    WARN = "warn"
+    FAIL = "fail"
+    NEW = "new"  # only the target has the op (e.g. the casts a bf16 run adds)
+    MISSING = "missing"  # only the reference has the op
+
+
+#: Best to worst: a comparison's verdict is the worst of its ops' by this order.
+VERDICT_ORDER = (Verdict.PASS, Verdict.NEW, Verdict.MISSING, Verdict.WARN, Verdict.FAIL)
 #: How tables rank ops, best to worst: a comparison's verdict is still the worst by VERDICT_ORDER,
 #: but target-only ops ("new": e.g. the casts a bf16 run adds) carry no error, so worst-first
 #: tables list out-of-band, missing and measured ops before them.
-TABLE_ORDER = ("new", "pass", "missing", "warn", "fail")
+TABLE_ORDER = (Verdict.NEW, Verdict.PASS, Verdict.MISSING, Verdict.WARN, Verdict.FAIL)
 LABELS = {"norm_l2": "norm L2 err", "max_rel": "max rel err", "max_abs": "max abs err", "mean_rel": "mean rel err",
           "rmse": "RMSE", "ulp_max": "max ULP err", "p99.9": "p99.9 abs err", "p99": "p99 abs err"}
 
@@ -25,8 +38,8 @@ def label(metric: str) -> str:
     return LABELS.get(metric, metric)
 
 
-def worst_verdict(verdicts: Sequence[str]) -> str:
-    return max(verdicts, key=VERDICT_ORDER.index) if verdicts else "pass"
+def worst_verdict(verdicts: Sequence[str]) -> Verdict:
+    return Verdict(max(verdicts, key=VERDICT_ORDER.index)) if verdicts else Verdict.PASS
 
 
 def nonfinite_reason(m: Metrics) -> str | None:
@@ -42,19 +55,19 @@ def judge_budget(m: Metrics, budget: Budget) -> tuple[str, str]:
     """Verdict of one op's metrics against a budget."""
     bad = nonfinite_reason(m)
     if bad:
-        return "fail", bad
+        return Verdict.FAIL, bad
     err, limit = m.norm_l2, budget.norm_l2
     what = "summary norm L2 err" if m.source == "summary" else "norm L2 err"
     if err > limit and budget.atol > 0 and m.source == "tensor" and m.rmse <= budget.atol:
-        return "pass", (f"RMS err {m.rmse:.1e} <= absolute floor {budget.atol:.1e} ({budget.source}): values near the "
+        return Verdict.PASS, (f"RMS err {m.rmse:.1e} <= absolute floor {budget.atol:.1e} ({budget.source}): values near the "
                         f"dtype's underflow range, where {what} {err:.1e} says nothing")
     if err <= limit and m.cosine >= budget.cosine_min:
-        return "pass", f"{what} {err:.1e} <= budget {limit:.1e} ({budget.source})"
+        return Verdict.PASS, f"{what} {err:.1e} <= budget {limit:.1e} ({budget.source})"
     if err <= limit * WARN_FACTOR and m.cosine >= budget.cosine_min:
-        return "warn", f"{what} {err:.1e} > budget {limit:.1e} by less than {WARN_FACTOR:g}x ({budget.source})"
+        return Verdict.WARN, f"{what} {err:.1e} > budget {limit:.1e} by less than {WARN_FACTOR:g}x ({budget.source})"
     if err > limit:
-        return "fail", f"{what} {err:.1e} > budget {limit:.1e} ({budget.source})"
-    return "fail", f"cosine {m.cosine:.6f} < {budget.cosine_min:.6f} ({budget.source})"
+        return Verdict.FAIL, f"{what} {err:.1e} > budget {limit:.1e} ({budget.source})"
+    return Verdict.FAIL, f"cosine {m.cosine:.6f} < {budget.cosine_min:.6f} ({budget.source})"
 
 
 def judge_golden(target: Metrics, reference: Metrics, budget: Budget) -> tuple[str, str, float]:
@@ -67,15 +80,15 @@ def judge_golden(target: Metrics, reference: Metrics, budget: Budget) -> tuple[s
     t_err, r_err = target.norm_l2, reference.norm_l2
     ratio = t_err / r_err if r_err > 0 else (1.0 if t_err == 0 else float("inf"))
     if bad:
-        return "fail", bad + " (vs fp64 golden)", ratio
+        return Verdict.FAIL, bad + " (vs fp64 golden)", ratio
     allowed = max(budget.norm_l2, GOLDEN_RATIO * r_err)
     words = (f"norm L2 err vs fp64 golden {t_err:.1e} = {ratio:.3g}x the reference's {r_err:.1e} "
              f"(allowed {GOLDEN_RATIO:g}x, or budget {budget.norm_l2:.1e} {budget.source})")
     if t_err <= allowed:
-        return "pass", words, ratio
+        return Verdict.PASS, words, ratio
     if t_err <= allowed * WARN_FACTOR:
-        return "warn", words, ratio
-    return "fail", words, ratio
+        return Verdict.WARN, words, ratio
+    return Verdict.FAIL, words, ratio
 
 
 def judge_bands(checks: Sequence[BandCheck], significant: bool, n_tested: int) -> tuple[str, str]:
@@ -83,12 +96,12 @@ def judge_bands(checks: Sequence[BandCheck], significant: bool, n_tested: int) -
     out = [c for c in checks if c.out]
     if not out:
         c = max(checks, key=lambda c: c.value / c.band.upper if c.band.upper > 0 else 0.0)
-        return "pass", f"{label(c.band.metric)} {c.value:.1e} <= band {c.band.upper:.1e} ({c.band.describe()})"
+        return Verdict.PASS, f"{label(c.band.metric)} {c.value:.1e} <= band {c.band.upper:.1e} ({c.band.describe()})"
     c = min(out, key=lambda c: c.p_value)
     words = f"{label(c.band.metric)} {c.value:.1e} > band {c.band.upper:.1e} ({c.band.describe()}), p={c.p_value:.1e}"
     if significant:
-        return "fail", words
-    return "warn", words + f", not significant after FDR control over {n_tested} ops"
+        return Verdict.FAIL, words
+    return Verdict.WARN, words + f", not significant after FDR control over {n_tested} ops"
 
 
 def judge_nonfinite_history(m: Metrics, runs: int, nonfinite: int) -> tuple[str, str] | None:
@@ -96,10 +109,10 @@ def judge_nonfinite_history(m: Metrics, runs: int, nonfinite: int) -> tuple[str,
     bad = nonfinite_reason(m)
     if bad is None:
         if runs and nonfinite * 2 > runs:
-            return "warn", f"finite where {nonfinite} of {runs} accepted runs had a NaN/Inf mismatch (fixed?)"
+            return Verdict.WARN, f"finite where {nonfinite} of {runs} accepted runs had a NaN/Inf mismatch (fixed?)"
         return None
     if nonfinite == 0:
-        return "fail", f"{bad}; never seen in {runs} accepted runs"
+        return Verdict.FAIL, f"{bad}; never seen in {runs} accepted runs"
     if nonfinite * 2 >= runs:
-        return "pass", f"{bad}, as in {nonfinite} of {runs} accepted runs"
-    return "warn", f"{bad}; seen in only {nonfinite} of {runs} accepted runs"
+        return Verdict.PASS, f"{bad}, as in {nonfinite} of {runs} accepted runs"
+    return Verdict.WARN, f"{bad}; seen in only {nonfinite} of {runs} accepted runs"

@@ -1,6 +1,7 @@
 """Capture: the only package that touches a live model. ``from hooks import capture``."""
 
-from hooks.capture import LEVELS, MODES, CaptureOptions, capture
+from hooks.capture import capture
+from hooks.options import LEVELS, MODES, CaptureOptions
 from hooks.replay import replay
 from hooks.runner import run_capture
 

@@ -14,13 +14,13 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from accuracy.manifest import Fingerprints, Record, parse_record
+from accuracy.manifest import Diagnostic, Fingerprints, Record
 from hooks import distributed
 from hooks.environment import environment
 from hooks.composites import faithful_composites
@@ -28,42 +28,8 @@ from hooks.fingerprints import ParameterPrints, PendingPrints, launch_input_prin
 from hooks.intrusive import intrusive_ops
 from hooks.modes import ApiMode, AtenMode, ModuleHooks
 from hooks.observer import ObserverMode, why_not
+from hooks.options import LEVELS, MODES, CaptureOptions
 from hooks.recorder import Recorder
-
-LEVELS = ("module", "api", "aten")
-MODES = ("summary", "full")
-
-
-@dataclass
-class CaptureOptions:
-    """What to record. Each field maps to one ``opband capture`` flag."""
-
-    level: str = "aten"
-    mode: str = "full"
-    modules: list[str] | None = None  # module path globs to keep (None = all)
-    ops: list[str] | None = None  # op name globs to keep (None = all), e.g. "aten.mm", "aten.*softmax*"
-    max_bytes: int | None = None  # past this many tensor bytes, keep summaries only
-    buffer_bytes: int = 256 << 20  # host buffer before tensors are flushed to disk
-    skip_no_number_ops: bool = True
-    inputs: bool = False  # aten level: store each op's inputs and call, so it can be replayed
-    backward: bool = False  # record gradients (kind "grad") when backward() runs inside the block
-    steps: list[int] | None = None  # capture only these steps (``cap.step()`` ends a step); None = all
-    run: dict[str, Any] = field(default_factory=dict)
-    progress: bool | None = None  # None: only when stderr is a TTY
-    fingerprints: bool = True  # digests of the model's inputs (first call) and parameters, for compare
-
-    def validate(self) -> None:
-        if self.level not in LEVELS:
-            raise ValueError(f"level must be one of {LEVELS}, not {self.level!r}")
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, not {self.mode!r}")
-        if self.inputs and self.level != "aten":
-            raise ValueError("inputs=True records ATen calls for replay: it needs level='aten'")
-        if self.buffer_bytes <= 0:
-            raise ValueError("buffer_bytes must be positive")
-        if self.steps is not None and any((not isinstance(s, int)) or s < 0 for s in self.steps):
-            raise ValueError("steps must be non-negative integers, e.g. steps=[0, 2]")
-
 
 class capture:  # noqa: N801 - used as a context manager, reads like a function
     """Record a model's operators while the block runs; the bundle is written when it exits.
@@ -243,9 +209,13 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
 
     @property
     def records(self) -> Iterator[Record]:
-        recs: list[Any] = self._recorder.records if self._recorder else []
-        return (r if isinstance(r, Record) else parse_record(r) if type(r) is bytes  # the observer's lines
-                else Record.model_construct(**r) for r in recs)  # dicts inside the block
+        """The records so far (inside the block) or the bundle's (after it), in execution order."""
+        return self._recorder.records if self._recorder else iter(())
+
+    @property
+    def diagnostics(self) -> list[Diagnostic]:
+        """Problems the capture met without interrupting the run (the manifest's ``diagnostics``)."""
+        return list(self._recorder.diagnostics) if self._recorder else []
 
 
 def _options_note(opts: CaptureOptions) -> dict[str, Any]:

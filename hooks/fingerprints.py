@@ -22,7 +22,7 @@ from torch.utils._pytree import tree_flatten_with_path, keystr
 
 from accuracy import fused
 from accuracy.manifest import TensorPrint
-from hooks.tensors import _KERNEL_DTYPES, tensor_dtype_name, version_of
+from hooks.tensors import KERNEL_DTYPES, tensor_dtype_name, version_of
 
 
 def tensor_print(t: torch.Tensor) -> TensorPrint | None:
@@ -180,7 +180,7 @@ class _KernelInput(NamedTuple):
     @classmethod
     def of(cls, data: torch.Tensor) -> _KernelInput:
         item = data.element_size()
-        return cls(data, data.data_ptr(), data.numel() * item, item, _KERNEL_DTYPES[data.dtype])
+        return cls(data, data.data_ptr(), data.numel() * item, item, KERNEL_DTYPES[data.dtype])
 
     def raw(self) -> memoryview:
         """The bytes as a flat buffer (no torch op: a thread may call it)."""
@@ -362,7 +362,7 @@ def _kernel_input(t: torch.Tensor) -> _KernelInput | None:
     the whole) and then summarised by ``accuracy.fused``'s statistics kernel, continuing one head:
     sum, L2 and absmax over the finite values are the numbers a single pass gives, whatever the chunk."""
     try:
-        if not _printable(t) or t.dtype not in _KERNEL_DTYPES or not t.numel():
+        if not _printable(t) or t.dtype not in KERNEL_DTYPES or not t.numel():
             return None
         data = t.detach().resolve_conj().resolve_neg()
         return _KernelInput.of(data.contiguous()) if data.is_cpu else None
@@ -472,7 +472,7 @@ def _background_input(t: torch.Tensor) -> tuple[_KernelInput, int] | None:
     """What the background walk reads of ``t`` and its version now, or None to fingerprint it at once."""
     try:
         if (type(t) not in (torch.Tensor, torch.nn.Parameter) or not t.is_cpu or t.layout != torch.strided
-                or t.is_nested or t.dtype not in _KERNEL_DTYPES or t.numel() * t.element_size() < BACKGROUND_MIN_BYTES
+                or t.is_nested or t.dtype not in KERNEL_DTYPES or t.numel() * t.element_size() < BACKGROUND_MIN_BYTES
                 or not t.is_contiguous()
                 or t.is_conj() or t.is_neg()):
             return None

@@ -130,7 +130,7 @@ class AtenMode(TorchDispatchMode):
         module = stack[-1] if stack else ""
         key, ordinal = rec.next_key(module, name)
         rec.ops_seen += 1
-        if (rec._module_globs or rec._op_globs) and not rec.wants(module, name):
+        if rec.filtered and not rec.wants(module, name):
             return None
         in_tensors = _aten_tensors(args, kwargs)
         input_names = self._inputs(func, key, args, kwargs) if rec.opts.inputs else None
@@ -284,7 +284,7 @@ class ModuleHooks:
             with _quiet():
                 key, ordinal = rec.next_key(name, "forward")
                 rec.ops_seen += 1
-                if not (rec._module_globs or rec._op_globs) or rec.wants(name, "forward"):
+                if not rec.filtered or rec.wants(name, "forward"):
                     rec.record("module", name, "forward", key, ordinal, output, fast_leaves(args))
                 if rec.opts.backward and torch.is_grad_enabled():
                     self._watch_grads(name, output)

@@ -1,7 +1,7 @@
 """The aten level's compiled path: summary and full captures on CPU without a Python call per op.
 
-A ``TorchDispatchMode`` costs 5-18 us of Python per dispatched call before it does anything, more
-than a small op itself. ``hooks._observer`` (``hooks/native/observer.cpp``, compiled when the package
+A ``TorchDispatchMode`` costs microseconds of Python per dispatched call before it does anything,
+more than a small op itself. ``hooks._observer`` (``hooks/native/observer.cpp``, compiled when the package
 is installed, see ``setup.py``) is a thread-local ``at::RecordFunction`` callback instead: it picks
 the calls the dispatch mode would see (the outermost call that no ``CompositeImplicitAutograd``
 kernel decomposes before the Python key), counts views and metadata ops as skipped, numbers each
@@ -26,7 +26,7 @@ it was given: the dispatch mode's rule), before ops the capture does not see, wh
 `buffer_bytes`) are queued, and at the end.
 
 :func:`why_not` says when a capture cannot take this path; it then uses the dispatch mode, as it
-does for full mode, replay inputs, gradients, filters, accelerators and several ranks. Set
+does for a byte budget in full mode, replay inputs, gradients, filters, accelerators and several ranks. Set
 ``OPBAND_OBSERVER=0`` to always use the dispatch mode.
 """
 
@@ -41,11 +41,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from accuracy import fused
+from accuracy.capture_format import KERNEL_DTYPES, SAMPLE_SIZE, STAT_COUNTS, STAT_FIELDS
 from accuracy.manifest import Record
-from hooks.tensors import NO_NUMBER_OPS, SAMPLE_SIZE, STAT_FIELDS, dtype_tag, fast_leaves
+from hooks.options import CaptureOptions
+from hooks.tensors import NO_NUMBER_OPS, dtype_tag, fast_leaves
 
 if TYPE_CHECKING:
-    from hooks.capture import CaptureOptions
     from hooks.recorder import Recorder
 
 try:
@@ -132,11 +133,11 @@ class ObserverMode:
     def __enter__(self) -> ObserverMode:
         assert _observer is not None
         rec = self.rec
-        names = ("float32", "float64", "bfloat16", "float16")
         _dtype_names()  # before the observer starts: it makes a tensor of each dtype
         _observer.start({
+            "stat_fields": list(STAT_FIELDS), "stat_counts": sorted(STAT_COUNTS), "sample_size": SAMPLE_SIZE,
             "skip_no_number_ops": rec.opts.skip_no_number_ops, "no_number_ops": sorted(NO_NUMBER_OPS),
-            "row_functions": fused.row_cfunc_addresses(), "cancel": [fused.CANCEL[n] for n in names],
+            "row_functions": fused.row_cfunc_addresses(), "cancel": [fused.CANCEL[n] for n in KERNEL_DTYPES],
             "parallel_min": fused.PARALLEL_MIN, "module_names": self.names,
             "settle": self._settle, "escape": self._escape,
             "full": rec.opts.mode == "full", "hand_over": self._hand_over,
@@ -178,12 +179,11 @@ class ObserverMode:
         assert _observer is not None
         rec = self.rec
         self._hand_over()
-        batch = _observer.drain_lines(len(rec.records), _dtype_names())  # JSON lines, as the bundle stores them
+        batch = _observer.drain_lines(len(rec.log), _dtype_names())  # JSON lines, as the bundle stores them
         if self.unwritten:  # no record names a tensor the bundle does not hold
             batch = [self._unnamed(line) for line in batch]
         if batch:
-            rec.records.extend(batch)
-            rec.stats_of.extend([None] * len(batch))  # the rows are in the records already
+            rec.log.add_lines(batch)
         rec.stats.epoch = _observer.epoch()  # the writes it saw: earlier rows of the same memory are stale
 
     def record_module(self, name: str, args: Any, output: Any) -> bool:
@@ -215,12 +215,9 @@ class ObserverMode:
         rec = self.rec
         self.drain()
         name = self.names[module] if module >= 0 else ""
-        busy, rec._busy = rec._busy, True  # its torch ops are not the model's (no state sync needed: the observer is inside)
-        try:
-            with torch._C._DisableTorchDispatch():  # nor a nested capture's dispatch mode
-                rec.record("aten", name, op, f"{name}/{op}#{ordinal}", ordinal, out, inputs, None, mutated)
-        finally:
-            rec._busy = busy
+        # its torch ops are not the model's (no state sync: the observer is inside), nor a nested capture's
+        with rec.own_ops(), torch._C._DisableTorchDispatch():
+            rec.record("aten", name, op, f"{name}/{op}#{ordinal}", ordinal, out, inputs, None, mutated)
 
     def before_unseen_ops(self) -> None:
         """Ops the observer must not record are about to run (a compiled block): background readers
@@ -283,5 +280,3 @@ def active() -> ObserverMode | None:
     """The observer capture running in this process, if any."""
     return _ACTIVE[-1] if _ACTIVE else None
 
-
-assert len(STAT_FIELDS) == 10 and SAMPLE_SIZE == 16  # observer.cpp's kStatFields and kSample

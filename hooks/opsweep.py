@@ -24,7 +24,7 @@ from accuracy.bundle import Bundle
 from accuracy.compare import compare
 from accuracy.manifest import shape_signature
 from accuracy.sweep_report import SweepReport, missing_rows, rows_from_comparison
-from hooks.capture import CaptureOptions
+from hooks.options import CaptureOptions
 from hooks.environment import environment
 from hooks.fp8 import FP8_DTYPES, quantize_dequantize
 from hooks.opcases import (

@@ -12,10 +12,11 @@ import sys
 import time
 import weakref
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, get_args
+from typing import Any
 
 import pydantic
 import torch
@@ -23,9 +24,11 @@ import torch
 from accuracy.bundle import BundleWriter
 from accuracy.writebehind import WriteFailed
 from accuracy import fused
-from accuracy.manifest import Diagnostic, Fingerprints, Manifest, Record, RecordKind, Stats
+from accuracy.manifest import Diagnostic, Fingerprints, Manifest, Record
 from hooks import devices
 from hooks.opcall import layout_of
+from hooks.options import CaptureOptions
+from hooks.record_log import RecordLog, record_fields
 from hooks.tensors import (
     DTYPE_NAMES,
     StatsBatch,
@@ -38,9 +41,6 @@ from hooks.tensors import (
     unsupported_reason,
     version_of,
 )
-
-if TYPE_CHECKING:
-    from hooks.capture import CaptureOptions
 
 
 #: Tensor bytes a capture may have queued for its writer thread, not yet on disk (at most
@@ -76,9 +76,8 @@ class Recorder:
         # before one: only there may tensors be written to disk after the op that made them returns
         self.writer = BundleWriter(path, background_bytes=min(opts.buffer_bytes, BACKGROUND_WRITE_BYTES)
                                    if opts.level == "aten" else 0)
-        self.records: list[dict[str, Any]] | list[Record] = []  # plain dicts until finish() validates them
+        self.log = RecordLog()
         self.stats = StatsBatch(epochs=opts.level == "aten")
-        self.stats_of: list[int | None] = []
         self.pending: list[tuple[str, torch.Tensor, str]] = []
         self.pending_bytes = 0
         self.tensor_bytes = 0
@@ -143,6 +142,21 @@ class Recorder:
         if self.on_state is not None:
             self.on_state()
 
+    @contextmanager
+    def own_ops(self) -> Iterator[None]:
+        """The block runs torch ops of the capture's own (``busy``) without telling ``on_state``: for a
+        caller that is inside the compiled observer's callback, which records nothing meanwhile."""
+        busy, self._busy = self._busy, True
+        try:
+            yield
+        finally:
+            self._busy = busy
+
+    @property
+    def records(self) -> Iterator[Record]:
+        """Every record so far, in execution order."""
+        return self.log.records()
+
     # -- background readers of the model's memory -------------------------------------------
     def wait_before_writes(self, settle: Callable[[], None]) -> None:
         """Have ``settle`` run, once, before the first op that writes in place (or :meth:`_quiesce`)."""
@@ -186,6 +200,11 @@ class Recorder:
         ordinal = self.ordinals[k]
         self.ordinals[k] = ordinal + 1
         return f"{module}/{op}#{ordinal}", ordinal
+
+    @property
+    def filtered(self) -> bool:
+        """Module or op globs select what is recorded (:meth:`wants` decides)."""
+        return bool(self._module_globs or self._op_globs)
 
     def wants(self, module: str, op: str) -> bool:
         if self._module_globs and not any(fnmatch.fnmatchcase(module, g) for g in self._module_globs):
@@ -239,6 +258,14 @@ class Recorder:
         if self.show_progress:
             self._progress()
 
+    def record_summary(self, kind: str, module: str, op: str, key: str, ordinal: int, output: int,
+                       shapes: list[Any], dtypes: list[Any], shape: list[int], dtype: str,
+                       stats: dict[str, Any] | None) -> None:
+        """A record of statistics another tool computed (an imported dump): validated when the bundle is written."""
+        self.trusted = False
+        self.log.add(record_fields(key, output, module, op, ordinal, kind, len(self.log), shapes, dtypes, shape, dtype,
+                                   None, None, stats, None, self.step, None, None), None)
+
     def _record_one(self, kind: str, module: str, op: str, ordinal: int, key: str, out_i: int, t: torch.Tensor,
                     shapes: list[Any], dtypes: list[Any], input_names: list[str | None] | None,
                     mutated: bool = False) -> None:
@@ -254,13 +281,9 @@ class Recorder:
         name = (self._store(rec_id, t, payload, reuse=not mutated, share=self._share_views and not mutated, slot=slot)
                 if self._full else None)
         strides, memory_format = (None, None) if t.is_contiguous() else layout_of(t)
-        self.records.append({  # a Record's fields; validated once, in finish()
-            "key": key, "output": out_i, "module": module, "op": op, "ordinal": ordinal, "kind": kind,
-            "index": len(self.records), "input_shapes": shapes, "input_dtypes": dtypes, "shape": payload.shape,
-            "dtype": payload.dtype, "tensor": name, "input_tensors": input_names, "stats": None,
-            "qparams": payload.extra, "step": self.step, "strides": strides, "memory_format": memory_format,
-        })
-        self.stats_of.append(slot)
+        self.log.add(record_fields(  # validated once, in finish()
+            key, out_i, module, op, ordinal, kind, len(self.log), shapes, dtypes, payload.shape, payload.dtype, name,
+            input_names, None, payload.extra, self.step, strides, memory_format), slot)
 
     def _store(self, rec_id: str, t: torch.Tensor, payload: Any, reuse: bool = True, share: bool = False,
                slot: int | None = None) -> str | None:
@@ -363,7 +386,7 @@ class Recorder:
         if final or now - self.last_progress > 0.5:
             self.last_progress = now
             mb = (self.writer.bytes_written + self.pending_bytes) / 1e6
-            print(f"opband capture: {self.ops_seen:,} ops seen, {len(self.records):,} records, "
+            print(f"opband capture: {self.ops_seen:,} ops seen, {len(self.log):,} records, "
                   f"{mb:,.1f} MB written, {now - self.started:.1f}s",
                   file=sys.stderr, end="\n" if final else "\r", flush=True)
 
@@ -378,36 +401,21 @@ class Recorder:
     def _finish(self, run: dict[str, Any], env: dict[str, Any], fingerprints: Fingerprints | None) -> Path:
         self.closed = True
         self.flush()
-        summaries = self.stats.to_host()
-        records: list[Any] = self.records
-        for rec, slot in zip(records, self.stats_of, strict=True):
-            if slot is not None:
-                rec["stats"] = summaries[slot]
+        self.log.fill_stats(self.stats.to_host())
         if self.calls:
             run = {**run, "calls": self.calls}
         fields = {"created_at": datetime.now(UTC).isoformat(timespec="seconds"), "run": run, "environment": env,
                   "skipped_ops": dict(sorted(self.skipped.items())), "diagnostics": self.diagnostics,
                   "fingerprints": fingerprints}
-        # hooks.observer's records come as their JSON lines already (bytes); the others are dicts
-        in_order = records if any(type(r) is bytes for r in records) else None
-        if in_order is not None:
-            records = [r for r in records if type(r) is not bytes]
-        try:  # records this module built are models already; anything else is validated (pydantic-core)
-            built = _built_records(records) if self.trusted else records
-            manifest = Manifest.model_validate({**fields, "records": built})
+        try:  # records this package built are models already; anything else is validated (pydantic-core)
+            manifest = Manifest.model_validate({**fields, "records": self.log.fields(self.trusted)})
         except pydantic.ValidationError as e:  # keep the capture: store what was recorded, say what is odd
             self.diagnose(None, f"manifest validation: {str(e)[:2000]}")
-            manifest = Manifest(**{**fields, "diagnostics": self.diagnostics}, records=[
-                Record.model_construct(**{**r, "stats": Stats.model_construct(**r["stats"])
-                                          if isinstance(r["stats"], dict) else r["stats"]})
-                for r in records])
-        if in_order is not None:  # the observer's lines and the others' models, in order, all written as lines
-            models = iter(manifest.records)
-            self.records = [r if type(r) is bytes else next(models) for r in in_order]
-            self.writer.add_records(self.records)
+            manifest = Manifest(**{**fields, "diagnostics": self.diagnostics}, records=self.log.unchecked())
+        records = self.log.settle(manifest.records)
+        if self.log.has_lines:  # the observer's lines and the others' models, in order, all written as lines
+            self.writer.add_records(records)
             manifest.records = []
-        else:
-            self.records = manifest.records
         path = self.writer.close(manifest)
         self._progress(final=True)
         return path
@@ -441,43 +449,3 @@ def _silence_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_silence_in_child)
-
-
-_KINDS = frozenset(get_args(RecordKind))
-_setattr = object.__setattr__
-
-
-def _built(cls: type[Any], fields: dict[str, Any], fields_set: set[str]) -> Any:
-    """``cls.model_construct(**fields)`` for a dict holding every field of ``cls`` (what
-    ``model_validate`` makes of it when the values already have the fields' types), at a tenth of
-    the cost: the records of one capture are built at its exit, each in ~1 us instead of ~8."""
-    m = cls.__new__(cls)
-    _setattr(m, "__dict__", fields)
-    _setattr(m, "__pydantic_fields_set__", fields_set)  # every field: assigning one adds nothing
-    _setattr(m, "__pydantic_extra__", None)
-    _setattr(m, "__pydantic_private__", None)
-    return m
-
-
-def _built_records(records: list[dict[str, Any]]) -> list[Record] | list[dict[str, Any]]:
-    """Records (and their statistics) built from :meth:`Recorder._record_one`'s dicts without
-    validation, which would find nothing to change: every value has its field's type already.
-    The one check a field makes (keys of at most 4096 characters), the record kind and the number
-    of fields are checked first; when a record fails them, the dicts are returned untouched, for
-    validation to say why."""
-    record_fields, stats_fields = set(Record.model_fields), set(Stats.model_fields)
-    n_record, n_stats = len(record_fields), len(stats_fields)
-    if not all(len(r["key"]) <= 4096 and r["kind"] in _KINDS and len(r) == n_record
-               and (r["stats"] is None or len(r["stats"]) == n_stats) for r in records):
-        return records
-    stats: dict[int, Stats] = {}  # records that share a statistics row share its model
-    out = []
-    for r in records:
-        s = r["stats"]
-        if s is not None:
-            model = stats.get(id(s))
-            if model is None:
-                model = stats[id(s)] = _built(Stats, s, stats_fields)
-            r["stats"] = model  # the dict becomes the record's own __dict__
-        out.append(_built(Record, r, record_fields))
-    return out

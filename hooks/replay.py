@@ -19,14 +19,13 @@ import torch
 
 from accuracy.bundle import Bundle
 from accuracy.manifest import Record
-from hooks.capture import CaptureOptions
+from hooks.options import CaptureOptions
 from hooks.environment import environment
 from hooks.opcall import decode_call, overlaps, resolve_target, span_of, strided_like
 from hooks.recorder import Recorder
+from hooks.tensors import RAW_TAG_DTYPES
 from hooks.variants import _CASTS
 
-#: Tags stored as raw integer words, and the dtype those words are.
-_RAW_DTYPES = {"BF16": torch.bfloat16, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
 
 
 def replay(
@@ -116,8 +115,8 @@ def _load(ref: Bundle, name: str, device: str, cast: torch.dtype | None,
     tag = ref.tensors[name].dtype
     raw = np.array(ref.raw(name))  # copy out of the memory map: ops may write into their inputs
     t = torch.from_numpy(raw)
-    if tag in _RAW_DTYPES:
-        t = t.view(_RAW_DTYPES[tag])
+    if tag in RAW_TAG_DTYPES:
+        t = t.view(RAW_TAG_DTYPES[tag])
     t = t.to(device)
     if cast is not None and t.is_floating_point():
         t = t.to(cast)

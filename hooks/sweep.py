@@ -21,7 +21,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from hooks.capture import LEVELS, capture
+from hooks.capture import capture
+from hooks.options import LEVELS
 
 
 @dataclass
@@ -173,7 +174,7 @@ def check_op(opinfo: Any, max_samples: int = 4, levels: Iterable[str] = LEVELS, 
                 else:
                     real.append(d)
             finding.differences[level] = real[0] if real else None
-            finding.diagnostics[level] = [d.message for d in cap._recorder.diagnostics] if cap._recorder else []
+            finding.diagnostics[level] = [d.message for d in cap.diagnostics]
     if paths:
         for level, mode in (("api", _BareFunction), ("aten", _BareDispatch)):
             change = None

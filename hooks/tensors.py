@@ -1,8 +1,10 @@
 """What capture stores for one tensor: its payload bytes, its dtype name, its statistics.
 
-One small class per kind of value decides how it is stored (``encoder_for``): floating and
-integer tensors as they are, BF16/FP8 as raw words, quantized tensors dequantized with their
-qparams, complex tensors as ``view_as_real``; anything else is skipped with a reason.
+:func:`unsupported_reason` says why a tensor cannot be stored (it is then skipped with that reason);
+:func:`stored_payload` encodes the others, by kind of value: floating and integer tensors as they
+are, BF16/FP8 as raw words, quantized tensors dequantized with their qparams, complex tensors as
+``view_as_real`` (:func:`plain_payload` is its fast path for the first kind). The dtypes, their bundle
+tags and the statistics row's layout come from :mod:`accuracy.capture_format`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import numpy as np
 import torch
 
 from accuracy import fused
+from accuracy.capture_format import DTYPES, KERNEL_DTYPES as _KERNEL_NAMES, ROW_LENGTH, SAMPLE_SIZE, STAT_COUNTS, STAT_FIELDS
 
 #: Ops that move no numbers: views, reshapes, aliasing, metadata. Skipped and counted by default.
 NO_NUMBER_OPS = frozenset({
@@ -35,17 +38,15 @@ NO_NUMBER_OPS = frozenset({
     "aten.empty_permuted", "aten._reshape_copy",
 })
 
-_TAGS = {
-    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-    torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
-}
+#: torch dtype -> the bundle tag its values are stored under as they are
+_TAGS = {getattr(torch, d.name): d.tag for d in DTYPES.values() if d.tag is not None}
+#: bundle tag -> torch dtype, for tags whose values are stored as raw words (BF16, FP8)
+RAW_TAG_DTYPES = {d.tag: getattr(torch, d.name) for d in DTYPES.values()
+                  if d.tag is not None and d.storage is not None and d.storage.kind == "u" and d.name != "uint8"}
 _RAW_VIEW = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8, torch.float8_e5m2: torch.uint8}
 _COMPLEX = {torch.complex64: torch.float32, torch.complex128: torch.float64}
 #: dtypes whose bytes are stored as they are: dtype -> (tag, dtype name)
 _AS_IS = {d: (tag, str(d).removeprefix("torch.")) for d, tag in _TAGS.items() if d not in _RAW_VIEW}
-SAMPLE_SIZE = 16
-STAT_FIELDS = ("numel", "min", "max", "mean", "std", "l2", "absmax", "nan", "inf", "zeros")
 
 
 def dtype_tag(dtype: torch.dtype) -> str | None:
@@ -284,7 +285,7 @@ class StatsBatch:
         if int(row[0]) != n:
             return False
         idx = _cpu_sample_index(n)  # host rows are CPU tensors
-        name = _KERNEL_DTYPES.get(values.dtype)
+        name = KERNEL_DTYPES.get(values.dtype)
         if name is not None and values.is_contiguous():  # by address, without torch ops (~1.5 us, not ~15)
             out = np.empty(idx.numel())
             fused.SAMPLE_AT[name](values.data_ptr(), idx.data_ptr(), idx.numel(), out)
@@ -317,15 +318,16 @@ class StatsBatch:
         return [_row_dict(row) for row in host if row is not None]
 
 
+_N_HEAD = len(STAT_FIELDS)
+#: per field of the row's head: its name and whether it is a count (an int in ``Stats``)
+_HEAD = tuple((name, name in STAT_COUNTS) for name in STAT_FIELDS)
+
+
 def _row_dict(vals: list[float]) -> dict[str, Any]:
     """A statistics row as ``Stats`` fields (counts as ints, the sample cut to ``numel``)."""
-    n = int(vals[0])
-    return {"numel": n, "min": vals[1], "max": vals[2], "mean": vals[3], "std": vals[4], "l2": vals[5],
-            "absmax": vals[6], "nan": int(vals[7]), "inf": int(vals[8]), "zeros": int(vals[9]),
-            "sample": vals[10:10 + min(SAMPLE_SIZE, n)]}
-
-
-assert STAT_FIELDS == ("numel", "min", "max", "mean", "std", "l2", "absmax", "nan", "inf", "zeros")  # _row_dict's order
+    out: dict[str, Any] = {name: int(v) if count else v for (name, count), v in zip(_HEAD, vals)}
+    out["sample"] = vals[_N_HEAD:_N_HEAD + min(SAMPLE_SIZE, out["numel"])]
+    return out
 
 
 _SAMPLE_INDEX: dict[tuple[int, torch.device], torch.Tensor] = {}
@@ -367,7 +369,7 @@ def host_stats(values: torch.Tensor) -> list[float]:
     if values.dtype == torch.bool:
         return _bool_stats(values)
     x = values
-    name = _KERNEL_DTYPES.get(x.dtype)
+    name = KERNEL_DTYPES.get(x.dtype)
     if name is None:
         x, name = x.reshape(-1).to(torch.float64), "float64"
     n = x.numel()
@@ -392,10 +394,9 @@ def host_stats(values: torch.Tensor) -> list[float]:
     return out.tolist()
 
 
-#: dtypes the statistics kernel reads in place
-_KERNEL_DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16",
-                  torch.float16: "float16"}
-_ROW_LEN = len(STAT_FIELDS) + SAMPLE_SIZE
+#: dtypes the statistics kernel reads in place -> their names
+KERNEL_DTYPES = {getattr(torch, name): name for name in _KERNEL_NAMES}
+_ROW_LEN = ROW_LENGTH
 
 
 def _bool_stats(values: torch.Tensor) -> list[float]:

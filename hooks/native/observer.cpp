@@ -35,8 +35,10 @@ namespace py = pybind11;
 
 namespace {
 
-constexpr int kStatFields = 10;  // hooks.tensors.STAT_FIELDS
-constexpr int kSample = 16;      // hooks.tensors.SAMPLE_SIZE
+// The statistics row's layout is accuracy.capture_format's (STAT_FIELDS, SAMPLE_SIZE): start() receives
+// the field names and the sample size and refuses a layout other than the one this file was built for.
+constexpr int kStatFields = 10;  // len(accuracy.capture_format.STAT_FIELDS)
+constexpr int kSample = 16;      // accuracy.capture_format.SAMPLE_SIZE
 constexpr int kRow = kStatFields + kSample;
 
 // accuracy.fused.ROW_CFUNC[dtype]: (values address, n, sample index address, k, cancel, out, out length)
@@ -142,7 +144,10 @@ struct State {
   std::unordered_map<uint64_t, int64_t> ordinals;
   std::vector<Call> calls;
   std::vector<Out> outs;
-  std::array<RowFn, 4> row_fn{};  // float32, float64, bfloat16, float16
+  // the statistics row's fields as they open in a record line (",\"min\":"), and whether each is a count
+  std::array<std::string, kStatFields> stat_keys;
+  std::array<bool, kStatFields> stat_count{};
+  std::array<RowFn, 4> row_fn{};  // accuracy.capture_format.KERNEL_DTYPES: float32, float64, bfloat16, float16
   std::array<double, 4> cancel{};
   std::unordered_map<int64_t, at::Tensor> sample_index;
   std::vector<py::str> module_names;
@@ -738,7 +743,17 @@ py::list take_writes() {
 
 void start(py::dict opts) {
   TORCH_CHECK(state == nullptr, "an observer capture is already active in this process");
+  const auto fields = opts["stat_fields"].cast<std::vector<std::string>>();
+  const auto counts = opts["stat_counts"].cast<std::vector<std::string>>();
+  const auto sample = opts["sample_size"].cast<int64_t>();
+  TORCH_CHECK(fields.size() == kStatFields && sample == kSample, "hooks._observer was built for a statistics row of ",
+              kStatFields, " fields and ", kSample, " samples, the capture format has ", fields.size(), " and ", sample,
+              ": reinstall opband");
   state = new State();
+  for (int f = 0; f < kStatFields; ++f) {
+    state->stat_keys[f] = (f ? ",\"" : "{\"") + fields[f] + "\":";
+    state->stat_count[f] = std::find(counts.begin(), counts.end(), fields[f]) != counts.end();
+  }
   state->skip_no_number = opts["skip_no_number_ops"].cast<bool>();
   for (auto name : opts["no_number_ops"].cast<py::list>()) state->no_number.insert(name.cast<std::string>());
   auto fns = opts["row_functions"].cast<std::vector<int64_t>>();
@@ -900,8 +915,6 @@ py::list drain_lines(int64_t base, py::dict dtype_names) {
   std::vector<std::string> module_json(state->module_names.size() + 1);
   static const std::array<const char*, 2> kinds = {"\"aten\"", "\"module\""};
   static const std::array<const char*, 4> formats = {"", "\"channels_last\"", "\"channels_last_3d\"", "\"strided\""};
-  static const std::array<const char*, kStatFields> stat = {"numel", "min", "max", "mean", "std", "l2", "absmax",
-                                                            "nan", "inf", "zeros"};
   std::string line;
   for (const Out& o : state->outs) {
     const Call& c = state->calls[static_cast<size_t>(o.call)];
@@ -948,14 +961,11 @@ py::list drain_lines(int64_t base, py::dict dtype_names) {
       json_string(line, o.tensor);
     }
     if (o.has_row) {
-      const auto n = static_cast<int64_t>(o.row[0]);
-      line += ",\"stats\":{\"numel\":";
-      json_int(line, n);
-      for (int f = 1; f < kStatFields; ++f) {
-        line += ",\"";
-        line += stat[f];
-        line += "\":";
-        if (f >= 7) json_int(line, static_cast<int64_t>(o.row[f]));
+      const auto n = static_cast<int64_t>(o.row[0]);  // the row's first field is numel
+      line += ",\"stats\":";
+      for (int f = 0; f < kStatFields; ++f) {
+        line += state->stat_keys[f];
+        if (state->stat_count[f]) json_int(line, static_cast<int64_t>(o.row[f]));
         else json_float(line, o.row[f]);
       }
       line += ",\"sample\":[";

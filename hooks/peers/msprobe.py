@@ -24,7 +24,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from hooks.capture import CaptureOptions
+from hooks.options import CaptureOptions
 from hooks.peers.safeload import PeerDumpError, load_tensor, read_json, tensor_file
 from hooks.recorder import Recorder
 
@@ -151,18 +151,13 @@ def import_msprobe(source: str | os.PathLike[str], out: str | os.PathLike[str]) 
         if task == "tensor" and outs and all(isinstance(o.get("data_name"), str) and o["data_name"] not in ("", "-1")
                                              for o in outs):  # a named file: read (or refused) as a tensor
             tensors = [load_tensor(tensor_file(data_dir, o["data_name"])) for o in outs]
-            first = len(rec.records)
+            first = len(rec.log)
             rec.record(kind, module, op, key, ordinal, tensors)
-            for r in rec.records[first:]:
-                r.update(input_shapes=shapes, input_dtypes=dtypes)  # type: ignore[union-attr]
+            rec.log.amend(first, input_shapes=shapes, input_dtypes=dtypes)
         else:
             for i, o in enumerate(outs):
-                rec.records.append({"key": key, "output": i, "module": module, "op": op, "ordinal": ordinal,  # type: ignore[arg-type]
-                                    "kind": kind, "index": len(rec.records), "input_shapes": shapes,
-                                    "input_dtypes": dtypes, "shape": [int(d) for d in o.get("shape") or []],
-                                    "dtype": _dtype_name(o), "tensor": None, "input_tensors": None,
-                                    "stats": _stats(o), "qparams": None, "step": 0})
-                rec.stats_of.append(None)
+                rec.record_summary(kind, module, op, key, ordinal, i, shapes, dtypes,
+                                   [int(d) for d in o.get("shape") or []], _dtype_name(o), _stats(o))
     run = {"variant": "fp32", "device": "unknown", "level": "module" if level == "L0" else "api",
            "mode": "full" if task == "tensor" else "summary",
            "imported_from": {"tool": "msprobe", "task": task, "level": level, "dump": str(dump_json)}}

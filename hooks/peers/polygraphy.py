@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hooks.capture import CaptureOptions
+from hooks.options import CaptureOptions
 from hooks.peers.safeload import PeerDumpError, read_json
 from hooks.recorder import Recorder
 
@@ -89,10 +89,9 @@ def import_polygraphy(source: str | os.PathLike[str], out: str | os.PathLike[str
         module, op, ordinal, index = onnx_key(output_name)
         arr = _array(value, f"{path}: output {output_name!r}")
         key = f"{module}/{op}#{ordinal}"
-        first = len(rec.records)
+        first = len(rec.log)
         rec.record("api", module, op, key, ordinal, torch.from_numpy(arr))
-        for r in rec.records[first:]:
-            r.update(output=index, tensor=r["tensor"])  # type: ignore[union-attr]
+        rec.log.amend(first, output=index)
     target = re.sub(r"-N\d+-.*$", "", name)  # "onnxrt-runner-N0-12/01/26-15:06:56" -> "onnxrt-runner"
     run = {"variant": "fp32", "device": target, "level": "api", "mode": "full", "target": target,
            "imported_from": {"tool": "polygraphy", "runner": name, "iteration": iteration, "results": str(path)}}
