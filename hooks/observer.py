@@ -32,6 +32,7 @@ does for a byte budget in full mode, replay inputs, gradients, filters, accelera
 
 from __future__ import annotations
 
+import importlib
 import os
 import warnings
 from collections.abc import Iterator
@@ -49,8 +50,8 @@ from hooks.tensors import NO_NUMBER_OPS, dtype_tag, fast_leaves
 if TYPE_CHECKING:
     from hooks.recorder import Recorder
 
-try:
-    from hooks import _observer
+try:  # the compiled extension by its full name (``from hooks import`` would tie this module to the package's __init__)
+    _observer: Any = importlib.import_module("hooks._observer")
 except ImportError as e:  # not built (no compiler at install time, or an isolated build without torch)
     _observer = None
     _MISSING = f"hooks._observer is not built ({e}); reinstall with `pip install --no-build-isolation` after torch"
