@@ -42,7 +42,7 @@ def _print(t: torch.Tensor) -> TensorPrint | None:
         return _device_prints([t])[0]
     data = data.contiguous()
     raw = data.reshape(-1).view(torch.uint8).numpy().data if data.numel() else b""
-    digest = xxhash.xxh3_128_hexdigest(raw)  # ~35 GB/s here; blake2b's 0.4 GB/s cost a forward pass
+    digest = xxhash.xxh3_128_hexdigest(raw)  # xxh3 runs near memory speed; a cryptographic digest would cost a forward pass
     return _statistics_print(t, _as_real_float(data), digest)
 
 
@@ -74,8 +74,8 @@ def _statistics_print(t: torch.Tensor, data: torch.Tensor, digest: str) -> Tenso
 def _device_prints(tensors: list[torch.Tensor], masked: bool = False) -> list[TensorPrint | None]:
     """Prints of accelerator tensors without a host copy of their bytes (no digest) and with one host
     sync per device for all of them: each tensor's float64 sum, L2 and absmax are reductions left on
-    the device, stacked and read at once (one ``.tolist()``; a sync per weight per statistic cost
-    llama-small's 40 weights on an H200 5.9 ms, 1.1x its forward). A tensor holding NaN/Inf (its L2
+    the device, stacked and read at once (one ``.tolist()``; a sync per weight per statistic would cost
+    as much as the forward pass). A tensor holding NaN/Inf (its L2
     is not finite) is redone over its finite values (:func:`_statistics_print`), unless ``masked``
     (:class:`DevicePrints`). Works on CPU tensors too (tests compare it with the CPU kernel's prints).
     None for a tensor torch cannot read."""
@@ -160,7 +160,7 @@ class DevicePrints:
 
 
 #: Bytes hashed and then summarised at a time: the statistics read them back from the core's cache,
-#: so a weight costs one trip over memory, not two (llama-mid's 138 MB of weights: 8.1-8.9 -> 6.2 ms).
+#: so a weight costs one trip over memory, not two.
 #: A whole number of the statistics kernel's blocks for every element size.
 CHUNK_BYTES = 256 << 10
 assert CHUNK_BYTES % (fused.STATS_BLOCK * 8) == 0
@@ -387,16 +387,11 @@ def _guarded_print(t: torch.Tensor) -> TensorPrint | None:
 #: Where the walk runs in Python (:func:`_xxh3` is None; the compiled walk takes CHUNK_BYTES with no
 #: GIL between them): bytes a background walk hashes, then summarises, at a time: few pieces, so that the thread asks
 #: for the GIL seldom while the forward pass (Python-bound under a dispatch mode) holds it, yet small
-#: enough that the statistics' second read comes from the core's L2. llama-mid's 138 MB of weights
-#: (a 2-core Xeon with 2 MB L2, 2026-12-05): 25 ms to walk in 8 MB pieces, 20.5 ms in 1 MB, 17 ms in
-#: 256 KB; summary capture 1.59-1.61x (CPU clock) in 8 MB, 1.52-1.55x in 1 MB, 1.50-1.51x in 256 KB,
-#: whose 4x more GIL hand-overs cost the wall clock 0.04x (1.25x against 1.21x; 1 MB: within the noise).
+#: enough that the statistics' second read comes from the core's L2 (docs/capture.md has the measurements).
 BACKGROUND_CHUNK_BYTES = 1 << 20
 assert BACKGROUND_CHUNK_BYTES % CHUNK_BYTES == 0
-#: Weights under this size are walked at once, on the caller's thread: a small walk does not repay the
-#: thread (llama-small, whose weights are all under 1.1 MB, ran 0.03x slower with every weight on the
-#: thread in the Python walk, and no faster in the compiled one: 1.54x against 1.52x, CPU clock,
-#: 2026-12-05; llama-mid 0.11x faster with its large ones there).
+#: Weights under this size are walked at once, on the caller's thread: a small walk does not repay
+#: handing it to the thread (docs/capture.md).
 BACKGROUND_MIN_BYTES = 2 << 20
 
 

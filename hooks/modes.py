@@ -36,7 +36,7 @@ COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional"
 
 def _quiet() -> Any:
     """While the recorder itself works in a module or gradient hook: no Python dispatch, so the
-    ``aten`` level's own mode does not see (and pay ~10 us for) each op the recorder runs; it
+    ``aten`` level's own mode does not see (and pay its Python cost for) each op the recorder runs; it
     records nothing while ``busy`` anyway, and the recorder runs no in-place op."""
     return torch._C._DisableTorchDispatch()
 
@@ -49,7 +49,7 @@ def in_backward() -> bool:
 def _untraced(code: CodeType) -> bool:
     """Have TorchDynamo skip ``code`` and every frame it calls, as ``torch._disable_dynamo`` (which
     ``TorchDispatchMode`` wraps each ``__torch_dispatch__`` in) does with two more Python frames and
-    three ``set_eval_frame`` calls per call, ~2 us per dispatch. Without it, a ``torch.compile``'d
+    three ``set_eval_frame`` calls per dispatch. Without it, a ``torch.compile``'d
     function called inside a capture would compile the handler itself. False where this torch has
     no such switch (then the wrapper stays)."""
     try:

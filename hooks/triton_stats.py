@@ -1,15 +1,14 @@
 """Summary statistics of a GPU tensor in two Triton kernels instead of ~25 torch ops.
 
 :func:`hooks.tensors.device_stats` as torch ops launches about 25 kernels per tensor; on an H200 a
-summary capture of a ~400-op Llama spent ~0.5 ms per op on them (26x the forward, which is itself
-launch-bound there). Here one kernel reads the tensor once, each program folding its tiles into
+summary capture spent most of its time launching them (docs/capture.md). Here one kernel reads the tensor once, each program folding its tiles into
 partials (count, mean and centred sum of squares combined by Chan's rule, sum of squares, min, max,
 NaN, Inf and zero counts; float32 within a tile except the sum of squares, float64 across), and a one-program kernel merges
 the partials and writes the same row as the torch path: numel, min, max, mean, std, l2, absmax,
 nan, inf, zeros (over the finite values), then the sample at the same cached indices. No host sync.
 A tensor of up to :data:`ONE_PROGRAM_MAX` elements (most of a model's activations) is read by one
-program that writes the row itself: one launch, as Triton's Python launcher (~20 us on the H200's
-host) is most of what a small tensor costs. Integer and bool tensors are read as float32, as the
+program that writes the row itself: one launch, as Triton's Python launcher is most of what a
+small tensor costs. Integer and bool tensors are read as float32, as the
 torch path converts them.
 
 Triton ships with every CUDA build of torch, so nothing is compiled at install; its JIT compiles
