@@ -51,10 +51,16 @@ def bundle_digest(path: Path) -> str:
     return h.hexdigest()
 
 
+#: fields whose values follow from the tensors' values (counts of special values, content digests): the
+#: weights of a randomly initialised model already differ between CPUs (torch's vectorised RNG kernels)
+_VALUE_FIELDS = frozenset({"nan", "inf", "zeros", "nonfinite", "digest"})
+
+
 def _skeleton(value: Any) -> Any:
-    """``value`` with every number replaced by its type: what a bundle holds whatever the arithmetic."""
+    """``value`` with every number, and every field that depends on the tensors' values, replaced by its
+    type: what a bundle holds whatever the arithmetic and the machine."""
     if isinstance(value, dict):
-        return {k: _skeleton(v) for k, v in value.items()}
+        return {k: type(v).__name__ if k in _VALUE_FIELDS else _skeleton(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_skeleton(v) for v in value]
     if isinstance(value, float):
