@@ -19,6 +19,7 @@ from typing import Any
 
 from accuracy.errors import ConfigError, OpbandError
 from accuracy.manifest import Manifest, shape_signature
+from accuracy.verdicts import Verdict
 
 COUNTED_KINDS = ("aten", "api")  # module outputs and gradients are not operators
 
@@ -138,7 +139,7 @@ class Cell:
         tail = f" (+{inherited} inherited)" if inherited else ""
         if not judged:
             return "seen" + tail if not inherited else f"inherited {inherited}"
-        for v in ("fail", "warn", "missing"):
+        for v in (Verdict.FAIL, Verdict.WARN, Verdict.MISSING):
             if self.verdicts[v]:
                 return f"{v.upper()} {self.verdicts[v]}/{judged}{tail}"
         return f"pass {judged}{tail}"
@@ -291,7 +292,7 @@ def coverage_of_bundles(paths: Sequence[str | os.PathLike[str]], op_list: Sequen
             try:
                 report = compare(ref, b, mode=mode)  # results carry the target's record index
                 verdicts = {o.index: ("inherited" if o.inherited else o.verdict, "band" if o.bands else "budget")
-                            for o in report.ops if o.verdict != "missing"}
+                            for o in report.ops if o.verdict != Verdict.MISSING}
             except OpbandError:
                 verdicts = {}
         model = model_name(ref.manifest.run, fallback) if ref is not None and run.get("replay_of") else None

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Callable, Protocol
 
 import numpy as np
 
+from accuracy.verdicts import Verdict
+
 if TYPE_CHECKING:
     from accuracy.bundle import Bundle
     from accuracy.manifest import Record
@@ -45,7 +47,7 @@ class Judged(Protocol):
 
 
 def _bad(r: Judged) -> bool:
-    return r.verdict in ("fail", "warn") and r.aligned_by != "none"
+    return r.verdict in (Verdict.FAIL, Verdict.WARN) and r.aligned_by != "none"
 
 
 class InputsOf(Protocol):

@@ -22,7 +22,7 @@ from typing import Any
 from accuracy.bundle import Bundle
 from accuracy.compare import ComparisonReport, OpResult, compare
 from accuracy.errors import OpbandError
-from accuracy.verdicts import worst_verdict
+from accuracy.verdicts import Verdict, worst_verdict
 
 PathLike = str | os.PathLike[str]
 
@@ -34,10 +34,10 @@ class RankComparison:
     world_size: int
     reports: dict[int, ComparisonReport]  # by rank
     first_divergence: tuple[int, OpResult] | None  # (rank, op)
-    verdict: str
+    verdict: Verdict
 
     def __bool__(self) -> bool:
-        return self.verdict != "fail"
+        return self.verdict != Verdict.FAIL
 
 
 def is_rank_set(path: PathLike) -> bool:

@@ -15,8 +15,9 @@ from typing import Any
 
 from accuracy.compare import ComparisonReport
 from accuracy.report import fmt, limit_of, op_words
+from accuracy.verdicts import VERDICT_ORDER, Verdict
 
-_VERDICT_RANK = {"pass": 0, "new": 1, "missing": 2, "warn": 3, "fail": 4}
+_VERDICT_RANK = {v: i for i, v in enumerate(VERDICT_ORDER)}
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class SweepRow:
     dtype: str
     shape: str
     regime: str
-    verdict: str
+    verdict: Verdict
     key: str
     recorded_op: str
     norm_l2: float | None
@@ -57,7 +58,7 @@ def rows_from_comparison(cases: Mapping[str, Mapping[str, Any]], report: Compari
 def missing_rows(cases: Mapping[str, Mapping[str, Any]], dtype: str, reason: str) -> list[SweepRow]:
     """Rows for a target that ran none of the cases (compare has nothing to align)."""
     return [SweepRow(op=str(m.get("label") or m.get("op")), dtype=dtype, shape=str(m.get("shape")),
-                     regime=str(m.get("regime")), verdict="missing", key=key, recorded_op=key.rsplit("/", 1)[-1].split("#")[0],
+                     regime=str(m.get("regime")), verdict=Verdict.MISSING, key=key, recorded_op=key.rsplit("/", 1)[-1].split("#")[0],
                      norm_l2=None, max_rel=None, limit=None, reason=reason) for key, m in cases.items()]
 
 
@@ -69,7 +70,7 @@ class SweepReport:
     skipped: list[str] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return not any(r.verdict == "fail" for r in self.rows)
+        return not any(r.verdict == Verdict.FAIL for r in self.rows)
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -78,7 +79,7 @@ class SweepReport:
         return out
 
     def failures(self) -> list[SweepRow]:
-        bad = [r for r in self.rows if r.verdict in ("fail", "warn", "missing")]
+        bad = [r for r in self.rows if r.verdict in (Verdict.FAIL, Verdict.WARN, Verdict.MISSING)]
         return sorted(bad, key=lambda r: (-_VERDICT_RANK.get(r.verdict, 0), r.op, r.dtype, r.regime, r.shape))
 
     def to_dict(self) -> dict[str, Any]:
@@ -93,7 +94,7 @@ class SweepReport:
         lines = []
         rows = self.failures()
         for r in rows[:limit]:
-            word = "FAILED" if r.verdict == "fail" else "WARNING" if r.verdict == "warn" else "MISSING"
+            word = "FAILED" if r.verdict == Verdict.FAIL else "WARNING" if r.verdict == Verdict.WARN else "MISSING"
             lines.append(f"{word} | {r.op} {r.dtype} shape {r.shape} regime {r.regime} "
                          f"({op_words(r.key, r.recorded_op)}, key {r.key}) | {r.reason}")
         if len(rows) > limit:
@@ -139,7 +140,7 @@ class SweepReport:
 def _cell(r: SweepRow | None) -> str:
     if r is None:
         return ""
-    if r.verdict == "pass":
+    if r.verdict == Verdict.PASS:
         return fmt(r.norm_l2)
     if r.norm_l2 is None or (isinstance(r.norm_l2, float) and not math.isfinite(r.norm_l2)):
         return r.verdict.upper()
