@@ -2,8 +2,9 @@
 
 Graphs differ between runs. A bf16 port adds casts; an INT8 run calls ``quantized.linear_dynamic``
 where fp32 calls ``aten.addmm``; a port may compute attention through one fused SDPA op where the
-reference runs bmm/softmax/bmm. Module boundaries always align, so records are grouped by module
-path and paired inside each module:
+reference runs bmm/softmax/bmm. Module boundaries always align, so records are grouped by step and
+module path and paired inside each group (a record is never paired with one of another step: the
+prefill and each decode step of a generation, or each step of a training loop, align on their own):
 
 - identical op sequences (op, output index, shape) pair one for one;
 - otherwise casts and copies (``TRANSPARENT`` ops, which move data without changing what it
@@ -60,16 +61,16 @@ class Unmatched:
 
 def align(reference: list[Record], target: list[Record]) -> tuple[list[Pair], list[Unmatched]]:
     """Align two record lists; every record ends up in exactly one pair or one Unmatched."""
-    ref_groups: dict[str, list[Record]] = defaultdict(list)
-    tgt_groups: dict[str, list[Record]] = defaultdict(list)
+    ref_groups: dict[tuple[int, str], list[Record]] = defaultdict(list)
+    tgt_groups: dict[tuple[int, str], list[Record]] = defaultdict(list)
     for r in sorted(reference, key=lambda r: r.index):
-        ref_groups[r.module].append(r)
+        ref_groups[r.step, r.module].append(r)
     for t in sorted(target, key=lambda t: t.index):
-        tgt_groups[t.module].append(t)
+        tgt_groups[t.step, t.module].append(t)
     pairs: list[Pair] = []
     unmatched: list[Unmatched] = []
-    for module in sorted(set(ref_groups) | set(tgt_groups)):
-        p, u = _align_module(module, ref_groups.get(module, []), tgt_groups.get(module, []))
+    for group in sorted(set(ref_groups) | set(tgt_groups)):
+        p, u = _align_module(group[1], ref_groups.get(group, []), tgt_groups.get(group, []))
         pairs += p
         unmatched += u
     pairs.sort(key=lambda p: p.target.index)
@@ -229,15 +230,22 @@ def align_bundles(ref: Bundle, ref_sel: np.ndarray, tgt: Bundle, tgt_sel: np.nda
     """:func:`align` (or, ``by_key``, :func:`align_by_key`) of the records of two bundles at the
     positions ``ref_sel`` and ``tgt_sel`` (file order), on their compact index: modules whose op
     sequences are identical (the common case) pair without reading a record; only the others are
-    read, one module at a time. Same pairs, same order and same unmatched records as those functions."""
+    read, one (step, module) group at a time. Same pairs, same order and same unmatched records as those functions."""
     if by_key:
         return _align_bundles_by_key(ref, ref_sel, tgt, tgt_sel)
     ri, ti = ref.index, tgt.index
-    names = sorted(set(ri.modules) | set(ti.modules))
-    rank = {m: k for k, m in enumerate(names)}
-    r_rank = np.array([rank[m] for m in ri.modules], dtype=np.int64).reshape(-1)[ri.module[ref_sel]]
-    t_rank = np.array([rank[m] for m in ti.modules], dtype=np.int64).reshape(-1)[ti.module[tgt_sel]]
-    r_ord = ref_sel[np.lexsort((ri.index[ref_sel], r_rank))]  # by module, then execution order (stable)
+    modules = sorted(set(ri.modules) | set(ti.modules))
+    rank = {m: k for k, m in enumerate(modules)}
+    r_mod = np.array([rank[m] for m in ri.modules], dtype=np.int64).reshape(-1)[ri.module[ref_sel]]
+    t_mod = np.array([rank[m] for m in ti.modules], dtype=np.int64).reshape(-1)[ti.module[tgt_sel]]
+    # the groups: (step, module) pairs of either side, in that order
+    groups, inverse = np.unique(np.concatenate([np.stack([ri.step[ref_sel], r_mod], axis=1),
+                                                np.stack([ti.step[tgt_sel], t_mod], axis=1)]).reshape(-1, 2),
+                                axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    names = [modules[int(k)] for k in groups[:, 1]]
+    r_rank, t_rank = inverse[:len(ref_sel)], inverse[len(ref_sel):]
+    r_ord = ref_sel[np.lexsort((ri.index[ref_sel], r_rank))]  # by group, then execution order (stable)
     t_ord = tgt_sel[np.lexsort((ti.index[tgt_sel], t_rank))]
     r_rank, t_rank = np.sort(r_rank, kind="stable"), np.sort(t_rank, kind="stable")
     ms = np.arange(len(names))

@@ -25,6 +25,19 @@ STAT_FIELDS: tuple[str, ...] = ("numel", "min", "max", "mean", "std", "l2", "abs
 STAT_COUNTS: frozenset[str] = frozenset({"numel", "nan", "inf", "zeros"})
 #: Values sampled per tensor at evenly spaced flat indices; they follow the head in a statistics row.
 SAMPLE_SIZE = 16
+
+
+def op_key(module: str, op: str, ordinal: int, step: int = 0) -> str:
+    """A record's key: ``module/op#ordinal``, then ``@step`` for step > 0 of a capture whose steps number
+    their calls afresh (each call of the model one step: a generation's prefill is step 0, each decode
+    step the next). The compiled observer (``hooks/native/observer.cpp``) writes the same keys."""
+    return f"{module}/{op}#{ordinal}@{step}" if step else f"{module}/{op}#{ordinal}"
+
+
+def step_of_key(key: str) -> int:
+    """The step an op key names (0 when it names none): the inverse of :func:`op_key`'s suffix."""
+    head, mark, tail = key.rpartition("@")
+    return int(tail) if mark and "#" in head and tail.isdigit() else 0
 #: The length of one statistics row: head, then the sample zero-padded.
 ROW_LENGTH = len(STAT_FIELDS) + SAMPLE_SIZE
 

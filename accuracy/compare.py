@@ -28,11 +28,13 @@ from accuracy.errors import BundleError, OpbandError
 from accuracy.divergence import BundleDataflow, mark_first_divergence
 from accuracy.gcpause import paused_gc
 from accuracy.fingerprints import ParameterDifference, input_difference, parameter_differences
+from accuracy.capture_format import step_of_key
+from accuracy.generation import GenerationComparison, compare_generations
 from accuracy.manifest import Record, shape_signature
 from accuracy.records import KINDS, RecordIndex
 from accuracy.metrics import Metrics, PairBatch, compare_arrays, compare_discrete, compare_stats, is_float_dtype
 from accuracy.verdicts import (
-    TABLE_ORDER, VERDICT_ORDER, judge_bands, judge_budget, judge_golden, judge_nonfinite_history, worst_verdict,
+    TABLE_ORDER, VERDICT_ORDER, Verdict, judge_bands, judge_budget, judge_golden, judge_nonfinite_history, worst_verdict,
 )
 
 MODES = ("propagated", "replay", "golden")
@@ -65,7 +67,7 @@ class OpResult:
     dtype: str
     reference_dtype: str
     metrics: Metrics | None
-    verdict: str
+    verdict: Verdict
     reason: str
     budget: Budget | None = None
     aligned_by: str = "key"
@@ -87,17 +89,23 @@ class OpResult:
         return shape_signature(self.input_shapes)
 
     @property
+    def step(self) -> int:
+        """The step of a capture whose calls of the model are steps (a generation: 0 the prefill, then
+        one per decode step); 0 otherwise."""
+        return step_of_key(self.key)
+
+    @property
     def error(self) -> float:
         """The op's normalized L2 error (inf when it has no metrics but failed)."""
         if self.metrics is None:
-            return math.inf if self.verdict == "fail" else 0.0
+            return math.inf if self.verdict == Verdict.FAIL else 0.0
         return self.metrics.norm_l2
 
     @property
     def severity(self) -> float:
         """How far out of its band or budget this op is (value / limit); orders tables worst first."""
         if self.metrics is None:
-            return math.inf if self.verdict == "fail" else 0.0
+            return math.inf if self.verdict == Verdict.FAIL else 0.0
         if not self.metrics.finite_outcome:
             return math.inf
         if self.bands:
@@ -119,13 +127,14 @@ class ComparisonReport:
     ops: list[OpResult]
     unmatched: list[Unmatched]
     first_divergence: OpResult | None
-    verdict: str
+    verdict: Verdict
     counts: dict[str, int] = field(default_factory=dict)
     golden: dict[str, Any] | None = None
     history: dict[str, Any] | None = None
     parameters: list[ParameterDifference] = field(default_factory=list)  # parameters that differ: findings
     notes: list[str] = field(default_factory=list)  # what was not judged, and why
     passes_not_listed: int = 0  # a large comparison lists its passing ops only in ``counts``
+    generation: GenerationComparison | None = None  # both runs generated: their tokens step by step
 
     @property
     def total_ops(self) -> int:
@@ -133,12 +142,12 @@ class ComparisonReport:
         return len(self.ops) + self.passes_not_listed
 
     def __bool__(self) -> bool:
-        return self.verdict != "fail"
+        return self.verdict != Verdict.FAIL
 
     @property
     def first_gradient_divergence(self) -> OpResult | None:
         """The earliest out-of-budget gradient or parameter update (training captures), in backward order."""
-        bad = [o for o in self.ops if o.kind == "grad" and o.verdict in ("fail", "warn") and o.aligned_by != "none"]
+        bad = [o for o in self.ops if o.kind == "grad" and o.verdict in (Verdict.FAIL, Verdict.WARN) and o.aligned_by != "none"]
         return min(bad, key=lambda o: o.index) if bad else None
 
     def worst_first(self) -> list[OpResult]:
@@ -288,7 +297,7 @@ class Tally:
         passed: list[OpResult] = []
         for r in results:
             self.judged += 1
-            if r.verdict == "pass" and not (r.bands or r.finding or r.layouts or (r.auxiliary and r.reason.startswith("auxiliary"))):
+            if r.verdict == Verdict.PASS and not (r.bands or r.finding or r.layouts or (r.auxiliary and r.reason.startswith("auxiliary"))):
                 passed.append(r)
             else:
                 self.kept.append(r)
@@ -331,12 +340,14 @@ def conclude(plan: ComparisonPlan, results: list[OpResult] | Tally) -> Compariso
     _apply_fdr(results, cfg)
     results += [_unmatched_result(u) for u in unmatched]
     local_everywhere = mode == "replay" or (mode == "golden" and replayed)
-    first = mark_first_divergence(results, local_everywhere, _dataflow(plan),
+    generation = compare_generations(ref.manifest.run, tgt.manifest.run)
+    judged_ops = _after_token_divergence(results, generation)
+    first = mark_first_divergence(judged_ops, local_everywhere, _dataflow(plan),
                                   _paired_reference_ids(plan) if passes else None)
     diffs, note = _parameter_diffs(plan)
     first = _parameter_divergence(results, diffs) or first
     counts = Counter(r.verdict for r in results)
-    counts["pass"] += passes
+    counts[Verdict.PASS] += passes
     notes = [note] if note else []
     if passes:
         notes.append(f"{passes:,} of {judged:,} ops passed and are counted, not listed one by one (a comparison of "
@@ -347,7 +358,7 @@ def conclude(plan: ComparisonPlan, results: list[OpResult] | Tally) -> Compariso
         counts={v: counts[v] for v in VERDICT_ORDER},
         golden=_side(gold) if gold is not None else None,
         history={"target": tname, "ops_with_bands": sum(1 for r in results if r.bands)} if hist is not None else None,
-        parameters=diffs, notes=notes, passes_not_listed=passes,
+        parameters=diffs, notes=notes, passes_not_listed=passes, generation=generation,
     )
 
 
@@ -425,12 +436,12 @@ def _parameter_divergence(results: list[OpResult], diffs: list[ParameterDifferen
     _, module, own = best
     words = "; ".join(d.sentence for d in own)
     members = [r for r in results if inside(r, module)]
-    bad = [r for r in members if r.verdict in ("fail", "warn") and not r.inherited and r.kind != "module"]
+    bad = [r for r in members if r.verdict in (Verdict.FAIL, Verdict.WARN) and not r.inherited and r.kind != "module"]
     own_record = [r for r in members if r.kind == "module" and r.module == module]
     chosen = min(bad, key=lambda r: r.index) if bad else (own_record or sorted(members, key=lambda r: r.index))[0]
-    if chosen.verdict not in ("fail", "warn"):
+    if chosen.verdict not in (Verdict.FAIL, Verdict.WARN):
         chosen.reason = f"parameters differ ({chosen.reason})"
-    chosen.verdict, chosen.inherited = "fail", False
+    chosen.verdict, chosen.inherited = Verdict.FAIL, False
     chosen.finding = f"{chosen.finding}; {words}" if chosen.finding else words
     return chosen
 def inside_compiled(r: Record, blocks: Iterable[str]) -> bool:
@@ -550,18 +561,18 @@ class _Context:
         aux = auxiliary_output(result.op, result.output)
         if aux is not None:
             result.auxiliary = aux
-            if result.verdict in ("fail", "warn"):
+            if result.verdict in (Verdict.FAIL, Verdict.WARN):
                 result.reason = f"auxiliary output ({aux}), reported, not judged alone: {result.reason}"
-                result.verdict = "pass"
+                result.verdict = Verdict.PASS
         return result
 
     def _judge_values(self, pair: Pair) -> OpResult:
         r, t = pair.reference, pair.target
         base = _base(pair)
         if not same_elements(r, t):
-            return OpResult(**base, metrics=None, verdict="fail", reason=f"shape differs: reference {r.shape}, target {t.shape}")
+            return OpResult(**base, metrics=None, verdict=Verdict.FAIL, reason=f"shape differs: reference {r.shape}, target {t.shape}")
         if is_float_dtype(r.dtype) != is_float_dtype(t.dtype):
-            return OpResult(**base, metrics=None, verdict="fail",
+            return OpResult(**base, metrics=None, verdict=Verdict.FAIL,
                             reason=f"dtype kind differs: reference {r.dtype}, target {t.dtype}")
         gold = self._golden_record(r)
         try:
@@ -569,18 +580,18 @@ class _Context:
             ref_metrics = (self._measure_shared(self.golden, self.ref, gold, r)
                            if gold and self.golden is not None and self.golden is not self.ref else None)
         except Exception as e:  # noqa: BLE001 - our bug, reported with the pair, never the user's crash
-            return OpResult(**base, metrics=None, verdict="fail",
+            return OpResult(**base, metrics=None, verdict=Verdict.FAIL,
                             reason=f"internal error comparing {r.id}: {type(e).__name__}: {e} (please report)")
         if metrics is None:
-            return OpResult(**base, metrics=None, verdict="new", reason="no tensor or statistics to compare on one side")
+            return OpResult(**base, metrics=None, verdict=Verdict.NEW, reason="no tensor or statistics to compare on one side")
         if metrics.mismatches is not None:
-            verdict = "fail" if metrics.mismatches else "pass"
+            verdict = Verdict.FAIL if metrics.mismatches else Verdict.PASS
             reason = f"{metrics.mismatches} of {metrics.numel} elements differ" if metrics.mismatches else "all elements equal"
             return OpResult(**base, metrics=metrics, verdict=verdict, reason=reason, budget=Budget(0.0, 1.0, "exact"))
         dtype = judged_dtype(r.dtype, t.dtype, self.variant, self.mode)
         k = reduction_length(t.op, t.input_shapes, t.shape)
         budget = self.policy.budget(r.key, t.op, t.kind, dtype, "replay" if self.mode == "golden" else self.mode, k)
-        result = OpResult(**base, metrics=metrics, verdict="pass", reason="", budget=budget, reference_metrics=ref_metrics,
+        result = OpResult(**base, metrics=metrics, verdict=Verdict.PASS, reason="", budget=budget, reference_metrics=ref_metrics,
                           finding=precision_trap(r.dtype, t.dtype, self.variant))
         if self.history is not None and self._judge_history(result, dtype):
             return result
@@ -640,6 +651,23 @@ class _Context:
         out = [c.p_value for c in result.bands if c.out]
         result.p_value = min(1.0, min(out) * len(result.bands)) if out else 1.0
         return True
+
+
+def _after_token_divergence(results: list[OpResult], generation: GenerationComparison | None) -> list[OpResult]:
+    """The results the first divergence is looked for in: without teacher forcing, the steps after the
+    target chose another token compute on other inputs, so their out-of-budget ops are warnings
+    marked inherited (``inputs differ``), not op faults."""
+    after = generation.inputs_differ_after if generation is not None else None
+    if after is None:
+        return results
+    kept = []
+    for r in results:
+        if r.step <= after:
+            kept.append(r)
+        elif r.verdict in (Verdict.FAIL, Verdict.WARN):
+            r.verdict, r.inherited = Verdict.WARN, True  # reported, never an op fault of the target's
+            r.reason = f"inputs differ (the target chose other tokens at step {after}): {r.reason}"
+    return kept
 
 
 def _apply_fdr(results: list[OpResult], cfg: BandConfig) -> None:
@@ -734,7 +762,7 @@ def _unmatched_result(u: Unmatched) -> OpResult:
     return OpResult(
         key=rec.key, output=rec.output, op=rec.op, module=rec.module, kind=rec.kind, index=rec.index,
         input_shapes=rec.input_shapes, shape=rec.shape, dtype=rec.dtype, reference_dtype=rec.dtype, metrics=None,
-        verdict="missing" if u.side == "reference" else "new",
+        verdict=Verdict.MISSING if u.side == "reference" else Verdict.NEW,
         reason=("only in the reference: " if u.side == "reference" else "only in the target: ") + u.reason,
         aligned_by="none",
     )

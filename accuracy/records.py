@@ -1,7 +1,7 @@
 """A compact, columnar index of a bundle's records, for bundles too large to hold as Record objects.
 
 A pydantic :class:`~accuracy.manifest.Record` costs ~3 KB; the index costs ~50 bytes a record: the
-fields alignment needs (module, op, output, shape, kind, execution index) as numpy columns, with
+fields alignment needs (step, module, op, output, shape, kind, execution index) as numpy columns, with
 strings and shapes interned, 64-bit hashes of each record's id and tensor name for lookups (every
 hit is confirmed on the record itself), whether it names input tensors, and (kept by the bundle)
 where its JSON line starts, so that any record can be read back from the file when it is needed.
@@ -43,15 +43,16 @@ class RecordIndex:
     def __init__(self) -> None:
         self._modules, self._ops, self._shapes = _Interner(), _Interner(), _Interner()
         self._cols = {name: array(code) for name, code in (
-            ("index", "q"), ("output", "i"), ("kind", "b"), ("module", "i"), ("op", "i"), ("shape", "i"),
+            ("index", "q"), ("step", "q"), ("output", "i"), ("kind", "b"), ("module", "i"), ("op", "i"), ("shape", "i"),
             ("id_hash", "q"), ("tensor_hash", "q"), ("has_inputs", "b"))}
         self.count = 0
 
     def add(self, r: Record) -> None:
-        if not (-(1 << 63) <= r.index < 1 << 63 and -(1 << 31) <= r.output < 1 << 31):
-            raise BundleError(f"record {r.id[:200]!r}: index {r.index} or output {r.output} is out of range")
+        if not (-(1 << 63) <= r.index < 1 << 63 and -(1 << 63) <= r.step < 1 << 63 and -(1 << 31) <= r.output < 1 << 31):
+            raise BundleError(f"record {r.id[:200]!r}: index {r.index}, step {r.step} or output {r.output} is out of range")
         c = self._cols
         c["index"].append(r.index)
+        c["step"].append(r.step)
         c["output"].append(r.output)
         c["kind"].append(_KIND_CODES[r.kind])
         c["module"].append(self._modules(r.module))

@@ -12,6 +12,7 @@ from accuracy.budgets import Budget
 from accuracy.compare import ComparisonReport, OpResult
 from accuracy.metrics import Metrics
 from accuracy.ranks import RankComparison
+from accuracy.verdicts import Verdict
 
 REPORT_SCHEMA = "opband.report/1"
 TABLE_METRICS = ("norm_l2", "max_abs", "max_rel", "cosine", "snr_db")
@@ -30,6 +31,7 @@ def to_dict(report: ComparisonReport) -> dict[str, Any]:
         "golden": report.golden,
         "history": report.history,
         "first_divergence": op_to_dict(report.first_divergence) if report.first_divergence else None,
+        "generation": report.generation.as_dict() if report.generation is not None else None,
         "first_gradient_divergence": op_to_dict(report.first_gradient_divergence)
         if report.first_gradient_divergence else None,
         "ops": [op_to_dict(o) for o in report.worst_first()],
@@ -54,6 +56,7 @@ def op_to_dict(o: OpResult) -> dict[str, Any]:
         "index": o.index,
         "input_shapes": o.input_shapes,
         "shape_signature": o.shape_signature,
+        "step": o.step,
         "shape": o.shape,
         "dtype": o.dtype,
         "reference_dtype": o.reference_dtype,
@@ -87,7 +90,7 @@ def op_from_dict(d: dict[str, Any]) -> OpResult:
         key=d["key"], output=d["output"], op=d["op"], module=d["module"], kind=d["kind"], index=d["index"],
         input_shapes=d["input_shapes"], shape=d["shape"], dtype=d["dtype"], reference_dtype=d["reference_dtype"],
         metrics=Metrics.from_dict(metrics) if metrics is not None else None,
-        verdict=d["verdict"], reason=d["reason"],
+        verdict=Verdict(d["verdict"]), reason=d["reason"],
         budget=Budget(_float(budget["norm_l2"]), _float(budget["cosine_min"]), budget["source"],
                       _float(budget.get("atol", 0.0))) if budget is not None else None,
         aligned_by=d["aligned_by"], inherited=d["inherited"],
@@ -155,13 +158,16 @@ def _metric(o: OpResult, name: str) -> float | None:
 
 def headline(report: ComparisonReport) -> str:
     """``PASSED``/``FAILED`` line with counts and the first divergence: what CI logs grep for."""
-    word = "FAILED" if report.verdict == "fail" else "PASSED"
+    word = "FAILED" if report.verdict == Verdict.FAIL else "PASSED"
     counts = ", ".join(f"{n} {v}" for v, n in report.counts.items() if n)
     line = f"{word} | {report.verdict} | {report.total_ops} ops: {counts or 'none'}"
     fd = report.first_divergence
+    if report.generation is not None:
+        line += f"\nTOKENS | {report.generation.sentence()}"
     if fd is not None:
-        line += f"\n{'FAILED' if fd.verdict == 'fail' else 'WARNING'} | first divergence: {fd.id} " \
-                f"({op_words(fd.key, fd.op)}, module {fd.module or '<root>'}, input shapes {fd.shape_signature}) " \
+        step = f", step {fd.step}" if fd.step else ""
+        line += f"\n{'FAILED' if fd.verdict == Verdict.FAIL else 'WARNING'} | first divergence: {fd.id} " \
+                f"({op_words(fd.key, fd.op)}, module {fd.module or '<root>'}{step}, input shapes {fd.shape_signature}) " \
                 f"| {fd.reason}"
         if fd.finding:
             line += f"\nFINDING | {fd.finding}"
@@ -203,7 +209,7 @@ def op_words(key: str, op: str) -> str:
 
 def local_failures(report: ComparisonReport, limit: int = 10) -> list[str]:
     """One ``FAILED``/``WARNING`` line per out-of-band op that is not inherited, worst first."""
-    rows = [o for o in report.worst_first() if o.verdict in ("fail", "warn") and not o.inherited]
+    rows = [o for o in report.worst_first() if o.verdict in (Verdict.FAIL, Verdict.WARN) and not o.inherited]
     lines = [f"{'FAILED' if o.verdict == 'fail' else 'WARNING'} | {o.id} | {o.reason}" for o in rows[:limit]]
     if len(rows) > limit:
         lines.append(f"... {len(rows) - limit} more")
@@ -211,7 +217,8 @@ def local_failures(report: ComparisonReport, limit: int = 10) -> list[str]:
 
 
 #: colours of the verdict cells on a colour terminal (plain consoles drop them)
-VERDICT_STYLE = {"fail": "bold red", "warn": "yellow", "pass": "green", "new": "cyan", "missing": "magenta"}
+VERDICT_STYLE = {Verdict.FAIL: "bold red", Verdict.WARN: "yellow", Verdict.PASS: "green", Verdict.NEW: "cyan",
+                 Verdict.MISSING: "magenta"}
 #: one word for the number an op is held to, in every table and report (and the API's ``budget``):
 #: its budget, or the upper bound of a band learned from history where one applies
 THRESHOLD = "budget"
@@ -427,8 +434,8 @@ def ranks_to_dict(rc: RankComparison) -> dict[str, Any]:
 
 def ranks_headline(rc: RankComparison) -> str:
     """``PASSED``/``FAILED`` line naming the rank, op and input shapes of the first divergence."""
-    word = "FAILED" if rc.verdict == "fail" else "PASSED"
-    bad = [r for r, rep in rc.reports.items() if rep.verdict == "fail"]
+    word = "FAILED" if rc.verdict == Verdict.FAIL else "PASSED"
+    bad = [r for r, rep in rc.reports.items() if rep.verdict == Verdict.FAIL]
     line = f"{word} | {rc.verdict} | {rc.world_size} ranks" + (f", failing on rank(s) {bad}" if bad else "")
     if rc.first_divergence is not None:
         rank, o = rc.first_divergence
@@ -451,8 +458,8 @@ def ranks_to_text(rc: RankComparison, limit: int | None = 20, width: int = 160) 
         table.add_column(col, overflow="fold")
     for r, rep in rc.reports.items():
         fd = rep.first_divergence
-        table.add_row(str(r), rep.verdict.upper(), str(rep.total_ops), str(rep.counts.get("fail", 0)),
-                      str(rep.counts.get("warn", 0)), fd.id if fd else "-", fd.shape_signature if fd else "-")
+        table.add_row(str(r), rep.verdict.upper(), str(rep.total_ops), str(rep.counts.get(Verdict.FAIL, 0)),
+                      str(rep.counts.get(Verdict.WARN, 0)), fd.id if fd else "-", fd.shape_signature if fd else "-")
     buf = StringIO()
     console = Console(file=buf, width=width, force_terminal=False, no_color=True)
     console.print(table)

@@ -56,6 +56,8 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
         self._input_hook: Any = None
         self._composites: Any = None
         self._aborted = False
+        self._calls = 0  # calls of the model so far (``call_steps``: each one is a step)
+        self._step_hook: Any = None
 
     def __enter__(self) -> capture:
         rec = self._recorder = Recorder(self.path, self.options)
@@ -63,6 +65,8 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
         self._inputs = None
         if self.options.fingerprints:
             self._fingerprint_model(rec)
+        if self.options.call_steps:
+            self._step_hook = self.model.register_forward_pre_hook(self._next_call)
         self._hooks = ModuleHooks(self.model, rec)
         self._hooks.install()
         if self.options.level == "aten":
@@ -133,6 +137,15 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
         for note in job.notes:
             self._recorder.diagnose(None, note)
 
+    def _next_call(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        """``call_steps``: a call of the model after its first starts the next step."""
+        rec = self._recorder
+        if rec is None or rec.busy:
+            return
+        if self._calls:
+            rec.set_step(rec.step + 1)
+        self._calls += 1
+
     def step(self) -> int:
         """Mark the end of one training/inference step; returns the number of the next step."""
         assert self._recorder is not None, "call step() inside the with block"
@@ -181,6 +194,9 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
         if self._input_hook is not None:
             self._input_hook.remove()
             self._input_hook = None
+        if self._step_hook is not None:
+            self._step_hook.remove()
+            self._step_hook = None
         rec = self._recorder
         assert rec is not None
         if rec.forked:  # a child forked inside the block left it: the bundle is the parent's to write
@@ -222,4 +238,6 @@ def _options_note(opts: CaptureOptions) -> dict[str, Any]:
     d = asdict(opts)
     for k in ("run", "progress", "level", "mode", "fingerprints"):
         d.pop(k)
+    if not d["call_steps"]:
+        d.pop("call_steps")  # said only when on: a single forward's manifest is as before
     return d

@@ -136,7 +136,7 @@ class ObserverMode:
         rec = self.rec
         _dtype_names()  # before the observer starts: it makes a tensor of each dtype
         _observer.start({
-            "stat_fields": list(STAT_FIELDS), "stat_counts": sorted(STAT_COUNTS), "sample_size": SAMPLE_SIZE,
+            "per_step": rec.opts.call_steps, "stat_fields": list(STAT_FIELDS), "stat_counts": sorted(STAT_COUNTS), "sample_size": SAMPLE_SIZE,
             "skip_no_number_ops": rec.opts.skip_no_number_ops, "no_number_ops": sorted(NO_NUMBER_OPS),
             "row_functions": fused.row_cfunc_addresses(), "cancel": [fused.CANCEL[n] for n in KERNEL_DTYPES],
             "parallel_min": fused.PARALLEL_MIN, "module_names": self.names,
@@ -218,7 +218,7 @@ class ObserverMode:
         name = self.names[module] if module >= 0 else ""
         # its torch ops are not the model's (no state sync: the observer is inside), nor a nested capture's
         with rec.own_ops(), torch._C._DisableTorchDispatch():
-            rec.record("aten", name, op, f"{name}/{op}#{ordinal}", ordinal, out, inputs, None, mutated)
+            rec.record("aten", name, op, rec.key(name, op, ordinal), ordinal, out, inputs, None, mutated)
 
     def before_unseen_ops(self) -> None:
         """Ops the observer must not record are about to run (a compiled block): background readers

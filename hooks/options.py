@@ -27,6 +27,10 @@ class CaptureOptions:
     inputs: bool = False  # aten level: store each op's inputs and call, so it can be replayed
     backward: bool = False  # record gradients (kind "grad") when backward() runs inside the block
     steps: list[int] | None = None  # capture only these steps (``cap.step()`` ends a step); None = all
+    #: each call of the captured model is one step (generation: the prefill, then one decode step per
+    #: token): a step numbers its op calls afresh and the keys of step N > 0 end in ``@N``, so pairing by
+    #: (step, module, op, ordinal) never lets one step's extra ops shift another's
+    call_steps: bool = False
     run: dict[str, Any] = field(default_factory=dict)
     progress: bool | None = None  # None: only when stderr is a TTY
     fingerprints: bool = True  # digests of the model's inputs (first call) and parameters, for compare

@@ -24,6 +24,7 @@ import torch
 from accuracy.bundle import BundleWriter
 from accuracy.writebehind import WriteFailed
 from accuracy import fused
+from accuracy.capture_format import op_key
 from accuracy.manifest import Diagnostic, Fingerprints, Manifest, Record
 from hooks import devices
 from hooks.opcall import layout_of
@@ -199,7 +200,11 @@ class Recorder:
         k = (module, op)
         ordinal = self.ordinals[k]
         self.ordinals[k] = ordinal + 1
-        return f"{module}/{op}#{ordinal}", ordinal
+        return self.key(module, op, ordinal), ordinal
+
+    def key(self, module: str, op: str, ordinal: int) -> str:
+        """The op key of call ``ordinal`` of ``op`` in ``module`` in the current step (:func:`op_key`)."""
+        return op_key(module, op, ordinal, self.step if self.opts.call_steps else 0)
 
     @property
     def filtered(self) -> bool:
@@ -214,6 +219,8 @@ class Recorder:
         return True
 
     def set_step(self, step: int) -> None:
+        if self.opts.call_steps and step != self.step:
+            self.ordinals.clear()  # each step numbers its calls afresh
         self.step = step
         self.active = self.opts.steps is None or step in self.opts.steps
 

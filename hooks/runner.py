@@ -67,6 +67,8 @@ def run_capture(
     train_steps: int | None = None,
     optimizer: str = "sgd",
     lr: float = 1e-3,
+    generate: int | None = None,
+    teacher_force: str | os.PathLike[str] | None = None,
     **options: Any,
 ) -> Path:
     """Capture one forward pass of the SPEC's model and return the bundle path.
@@ -80,6 +82,9 @@ def run_capture(
     it is compiled by one forward before the captured one.
     ``backward=True`` (with ``train_steps``, default 1): run training steps instead of one forward
     (:func:`hooks.training.train_steps`; the SPEC may return a loss function as a third item).
+    ``generate=N``: a greedy ``generate()`` of N tokens instead of one forward, each call of the model
+    one step (:mod:`hooks.generation`); ``teacher_force=REF_BUNDLE`` makes each step choose the token
+    the reference generation chose.
     """
     named = names.model_dump(exclude_defaults=True) if names is not None else {}
     cpu_only = variant in QUANTIZED and QUANTIZED[variant][1]  # torch's int8/int4 kernels are CPU ones
@@ -113,6 +118,8 @@ def run_capture(
             except Exception as e:
                 cap.abort()  # a half-run is no capture: leave no bundle to upload by mistake
                 raise UserCodeError("the training step", e) from e
+    elif generate is not None:
+        return _capture_generation(model, inputs, out, generate, teacher_force, level, mode, run, options)
     else:
         if train_steps is not None:
             raise ValueError("train_steps needs backward=True (--backward)")
@@ -127,3 +134,34 @@ def run_capture(
                 raise UserCodeError("the model's forward pass", e) from e
     assert cap.bundle_path is not None
     return cap.bundle_path
+
+
+def _capture_generation(model: torch.nn.Module, inputs: Any, out: str | os.PathLike[str], new_tokens: int,
+                        teacher_force: str | os.PathLike[str] | None, level: str, mode: str, run: dict[str, Any],
+                        options: dict[str, Any]) -> Path:
+    """``run_capture(generate=N)``: the greedy generation under capture, its tokens in ``run["generation"]``."""
+    from accuracy.bundle import Bundle
+
+    from hooks.generation import generate, reference_tokens
+
+    if new_tokens < 1:
+        raise ValueError("--generate needs at least 1 new token")
+    teacher = None
+    if teacher_force is not None:
+        teacher = reference_tokens(Bundle.open(teacher_force).manifest.run, str(teacher_force))
+        run["teacher_force"] = os.fspath(teacher_force)
+    if not callable(getattr(model, "generate", None)):
+        raise ValueError(f"--generate needs a model with a generate() method (a transformers model), not "
+                         f"{type(model).__name__}")
+    with torch.no_grad(), capture(model, out, level=level, mode=mode, run=run, call_steps=True, **options) as cap:
+        try:
+            run["generation"] = generate(model, inputs, new_tokens, teacher, cap.paused)
+        except ValueError:
+            cap.abort()
+            raise
+        except Exception as e:
+            cap.abort()  # a half-run is no capture: leave no bundle to upload by mistake
+            raise UserCodeError("the model's generate()", e) from e
+    assert cap.bundle_path is not None
+    return cap.bundle_path
+

@@ -36,19 +36,28 @@ def capture(
     train_steps: Annotated[Optional[int], typer.Option(min=1, help="with --backward: training steps to run (default 1)")] = None,
     optimizer: Annotated[str, typer.Option(help="with --backward: sgd or adamw")] = "sgd",
     lr: Annotated[float, typer.Option(help="with --backward: learning rate")] = 1e-3,
+    generate: Annotated[Optional[int], typer.Option(min=1, metavar="N", help="run a greedy generate() of N new tokens instead of one forward (a transformers model): the prefill and each decode step are steps of their own, and the bundle keeps the tokens each step chose")] = None,
+    teacher_force: Annotated[Optional[Path], typer.Option(metavar="REF", help="with --generate: make each step choose the token the reference bundle REF (captured with --generate) chose, so every step stays comparable")] = None,
 ) -> None:
     """Run the SPEC's model once under capture and write a bundle (or --replay a reference's ops)."""
-    _check_capture_flags(spec, replay, golden)
+    _check_capture_flags(spec, replay, golden, generate, teacher_force, backward)
     path = _run_capture(spec, out, replay, device=device, variant=variant.value, level=level.value, mode=mode.value,
                         seed=seed, modules=modules, ops=ops, max_bytes=max_bytes, golden=golden,
                         names=names_from_flags(label, target, tags), allow_partial=allow_partial, compile=compile_,
-                        train_steps=train_steps, optimizer=optimizer, lr=lr, **({"inputs": True} if inputs else {}),
+                        train_steps=train_steps, optimizer=optimizer, lr=lr, generate=generate,
+                        teacher_force=teacher_force, **({"inputs": True} if inputs else {}),
                         **({"backward": True} if backward else {}))
     _echo_captured(path, replay)
 
 
-def _check_capture_flags(spec: str | None, replay: Path | None, golden: bool) -> None:
-    """Exit 2 on a SPEC/--replay/--golden combination that cannot run, saying what to give instead."""
+def _check_capture_flags(spec: str | None, replay: Path | None, golden: bool, generate: int | None = None,
+                         teacher_force: Path | None = None, backward: bool = False) -> None:
+    """Exit 2 on a SPEC/--replay/--golden/--generate combination that cannot run, saying what to give instead."""
+    if teacher_force is not None and generate is None:
+        fail("--teacher-force feeds a generation the reference's tokens: add --generate N (N new tokens)")
+    if generate is not None and (backward or replay is not None):
+        fail("--generate runs a greedy generation of the SPEC's model: it does not combine with "
+             + ("--backward" if backward else "--replay"))
     if golden and replay is None:
         fail("--golden recomputes a reference's ops in float64: give the reference with --replay REF_BUNDLE")
     if replay is not None and spec is not None:
@@ -92,6 +101,12 @@ def _echo_captured(path: Path, replay: Path | None) -> None:
             typer.echo(line)
     if "variant_coverage" in b.manifest.run:
         typer.echo("\n".join(describe(b.manifest.run["variant_coverage"])))
+    gen = b.manifest.run.get("generation")
+    if isinstance(gen, dict):
+        rows = gen.get("tokens") or []
+        typer.echo(f"generated {gen.get('new_tokens')} tokens for each of {len(rows)} sequence(s)"
+                   + (" (teacher-forced)" if gen.get("teacher_forced") else "") + f": {rows[0] if rows else []}"
+                   + (" ..." if len(rows) > 1 else ""))
     engine = b.manifest.run.get("engine")
     typer.echo(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, {len(b.records)} records, "
                f"{sum(b.manifest.skipped_ops.values())} no-number ops skipped, {len(b.manifest.diagnostics)} diagnostics"

@@ -132,6 +132,7 @@ struct State {
   bool on = false;  // recording: the recorder is active and not busy
   int module = -1;  // innermost module path (index into the Python list of module names)
   int64_t step = 0;
+  bool per_step = false;  // each step numbers its calls afresh, and its keys end in "@step" (step > 0)
   int64_t epoch = 0;
   int64_t ops_seen = 0;
   bool settle_pending = false;
@@ -509,12 +510,21 @@ py::object stored_name(const at::Tensor& t, bool share) {
 }
 
 // A record's tensor name: its key, plus ":N" for output N > 0 (Record.id).
+// hooks.recorder.step_suffix: "@N" after the key of a record of step N > 0 when steps number their calls afresh
+void step_suffix(std::string& out, int64_t step) {
+  if (state->per_step && step > 0) {
+    out += '@';
+    out += std::to_string(step);
+  }
+}
+
 std::string record_id(int module, const std::string& op, int64_t ordinal, int output) {
   std::string id = module >= 0 ? state->module_paths[static_cast<size_t>(module)] : std::string();
   id += '/';
   id += op;
   id += '#';
   id += std::to_string(ordinal);
+  step_suffix(id, state->step);
   if (output > 0) {
     id += ':';
     id += std::to_string(output);
@@ -754,6 +764,7 @@ void start(py::dict opts) {
     state->stat_keys[f] = (f ? ",\"" : "{\"") + fields[f] + "\":";
     state->stat_count[f] = std::find(counts.begin(), counts.end(), fields[f]) != counts.end();
   }
+  state->per_step = opts["per_step"].cast<bool>();
   state->skip_no_number = opts["skip_no_number_ops"].cast<bool>();
   for (auto name : opts["no_number_ops"].cast<py::list>()) state->no_number.insert(name.cast<std::string>());
   auto fns = opts["row_functions"].cast<std::vector<int64_t>>();
@@ -795,6 +806,7 @@ void set_state(bool on, int module, int64_t step) {
   if (state == nullptr) return;
   state->on = on;
   state->module = module;
+  if (state->per_step && step != state->step) state->ordinals.clear();
   state->step = step;
 }
 
@@ -928,6 +940,7 @@ py::list drain_lines(int64_t base, py::dict dtype_names) {
     line += op;  // op names are identifiers ("aten.mm", "forward")
     line += '#';
     json_int(line, c.ordinal);
+    step_suffix(line, c.step);
     line += "\",\"output\":";
     json_int(line, o.output);
     line += ",\"module\":";
