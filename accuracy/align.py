@@ -57,6 +57,7 @@ class Unmatched:
     record: Record
     side: str  # "reference" or "target"
     reason: str
+    implementation_differs: bool = False  # its module's implementation differs from here on
 
 
 def align(reference: list[Record], target: list[Record]) -> tuple[list[Pair], list[Unmatched]]:
@@ -128,12 +129,13 @@ def _align_module(module: str, rs: list[Record], ts: list[Record]) -> tuple[list
         for rec in records:
             if id(rec) in paired:
                 continue
-            if id(rec) in after:
+            differs = id(rec) in after
+            if differs:
                 reason = (f"the implementation of module {module!r} differs from {core[start].op} on: its ops hold other "
                           "quantities, so the module's output is the comparison")
             else:
                 reason = _reason(rec, others)
-            unmatched.append(Unmatched(rec, side, reason))
+            unmatched.append(Unmatched(rec, side, reason, differs))
     return pairs, unmatched
 
 

@@ -9,9 +9,8 @@ accepted runs replace the default budgets wherever there is enough history.
 
 from __future__ import annotations
 
-import math
 import os
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,138 +19,30 @@ from typing import Any
 
 import numpy as np
 
-from accuracy.align import Pair, PairList, Unmatched, align_bundles, same_elements
-from accuracy.bands import BandCheck, BandConfig, History, bands_for, benjamini_hochberg
-from accuracy.budgets import DTYPE_MAX, Budget, BudgetPolicy, auxiliary_output, judged_dtype, precision_trap, reduction_length
+from accuracy.align import Pair, PairList, Unmatched, align_bundles
+from accuracy.bands import BandConfig, History
+from accuracy.budgets import BudgetPolicy
 from accuracy.bundle import Bundle
 from accuracy.errors import BundleError, OpbandError
 from accuracy.divergence import BundleDataflow, mark_first_divergence
 from accuracy.gcpause import paused_gc
 from accuracy.fingerprints import ParameterDifference, input_difference, parameter_differences
-from accuracy.capture_format import step_of_key
 from accuracy.generation import GenerationComparison, compare_generations
-from accuracy.manifest import Record, shape_signature
+from accuracy.manifest import Record
 from accuracy.records import KINDS, RecordIndex
-from accuracy.metrics import Metrics, PairBatch, compare_arrays, compare_discrete, compare_stats, is_float_dtype
-from accuracy.verdicts import (
-    TABLE_ORDER, VERDICT_ORDER, Verdict, judge_bands, judge_budget, judge_golden, judge_nonfinite_history, worst_verdict,
-)
+from accuracy.results import ComparisonReport, OpResult
+from accuracy.judging import MEASURE_BATCH, JudgeContext, apply_fdr, RecentMetrics, shared_key, unmatched_result
+from accuracy.verdicts import VERDICT_ORDER, Verdict, worst_verdict
 
 MODES = ("propagated", "replay", "golden")
 __all__ = ["MODES", "VERDICT_ORDER", "ComparisonPlan", "ComparisonReport", "OpResult", "Tally", "compare", "conclude",
-           "judge", "judge_range", "judge_streamed", "plan_comparison", "repeated_measurements", "target_name",
+           "judge_range", "judge_streamed", "plan_comparison", "repeated_measurements", "target_name",
            "worst_verdict"]
 
 #: Comparisons of more aligned pairs than this keep passing results as counts only (see :class:`Tally`).
 KEEP_ALL_RESULTS = 100_000
 #: Pairs judged per batch by :func:`judge_streamed`.
 JUDGE_BATCH = 4096
-#: Metrics of this many recent (reference tensor, target tensor) pairs are kept for records that share them.
-SHARED_METRICS = 1024
-#: Pairs whose small tensors are measured together (one :class:`~accuracy.metrics.PairBatch`) before judging.
-MEASURE_BATCH = 256
-
-
-@dataclass
-class OpResult:
-    """The judged comparison of one aligned op output."""
-
-    key: str
-    output: int
-    op: str
-    module: str
-    kind: str
-    index: int
-    input_shapes: list[list[int] | None]
-    shape: list[int]
-    dtype: str
-    reference_dtype: str
-    metrics: Metrics | None
-    verdict: Verdict
-    reason: str
-    budget: Budget | None = None
-    aligned_by: str = "key"
-    inherited: bool = False
-    bands: list[BandCheck] = field(default_factory=list)  # non-empty when judged against history
-    p_value: float | None = None  # band mode: Bonferroni over the op's metrics, before FDR control
-    reference_metrics: Metrics | None = None  # golden mode: the reference against the golden
-    golden_ratio: float | None = None  # golden mode: target error / reference error
-    finding: str | None = None  # e.g. a precision trap: "computed in bfloat16, reference float32, run declared fp32"
-    auxiliary: str | None = None  # what a by-product output is ("saved mean", "indices"): reported, never failing alone
-    layouts: tuple[str, str] | None = None  # (reference, target) memory layouts when they differ
-
-    @property
-    def id(self) -> str:
-        return self.key if self.output == 0 else f"{self.key}:{self.output}"
-
-    @property
-    def shape_signature(self) -> str:
-        return shape_signature(self.input_shapes)
-
-    @property
-    def step(self) -> int:
-        """The step of a capture whose calls of the model are steps (a generation: 0 the prefill, then
-        one per decode step); 0 otherwise."""
-        return step_of_key(self.key)
-
-    @property
-    def error(self) -> float:
-        """The op's normalized L2 error (inf when it has no metrics but failed)."""
-        if self.metrics is None:
-            return math.inf if self.verdict == Verdict.FAIL else 0.0
-        return self.metrics.norm_l2
-
-    @property
-    def severity(self) -> float:
-        """How far out of its band or budget this op is (value / limit); orders tables worst first."""
-        if self.metrics is None:
-            return math.inf if self.verdict == Verdict.FAIL else 0.0
-        if not self.metrics.finite_outcome:
-            return math.inf
-        if self.bands:
-            return max(c.value / c.band.upper if c.band.upper > 0 else math.inf for c in self.bands)
-        if self.budget is None:
-            return 0.0
-        if self.budget.norm_l2 == 0:
-            return math.inf if self.metrics.norm_l2 > 0 or self.metrics.mismatches else 0.0
-        return self.metrics.norm_l2 / self.budget.norm_l2
-
-
-@dataclass
-class ComparisonReport:
-    """Everything one comparison found. Truthy when no op failed."""
-
-    reference: dict[str, Any]
-    target: dict[str, Any]
-    mode: str
-    ops: list[OpResult]
-    unmatched: list[Unmatched]
-    first_divergence: OpResult | None
-    verdict: Verdict
-    counts: dict[str, int] = field(default_factory=dict)
-    golden: dict[str, Any] | None = None
-    history: dict[str, Any] | None = None
-    parameters: list[ParameterDifference] = field(default_factory=list)  # parameters that differ: findings
-    notes: list[str] = field(default_factory=list)  # what was not judged, and why
-    passes_not_listed: int = 0  # a large comparison lists its passing ops only in ``counts``
-    generation: GenerationComparison | None = None  # both runs generated: their tokens step by step
-
-    @property
-    def total_ops(self) -> int:
-        """Every judged op and unmatched record, listed in ``ops`` or not."""
-        return len(self.ops) + self.passes_not_listed
-
-    def __bool__(self) -> bool:
-        return self.verdict != Verdict.FAIL
-
-    @property
-    def first_gradient_divergence(self) -> OpResult | None:
-        """The earliest out-of-budget gradient or parameter update (training captures), in backward order."""
-        bad = [o for o in self.ops if o.kind == "grad" and o.verdict in (Verdict.FAIL, Verdict.WARN) and o.aligned_by != "none"]
-        return min(bad, key=lambda o: o.index) if bad else None
-
-    def worst_first(self) -> list[OpResult]:
-        return sorted(self.ops, key=lambda o: (-TABLE_ORDER.index(o.verdict), o.inherited, -o.severity, o.index))
 
 
 def target_name(b: Bundle) -> str:
@@ -202,7 +93,7 @@ class ComparisonPlan:
     replayed: bool
     pairs: Sequence[Pair]  # a PairList: positions into both bundles, each Pair read when asked for
     unmatched: list[Unmatched]
-    context: _Context
+    context: JudgeContext
 
 
 @paused_gc()
@@ -256,7 +147,7 @@ def plan_comparison(
             f"{len(tgt.records)}, and none of them align. Capture both runs from the same model code "
             "(same SPEC) and check the manifests' diagnostics and module/op filters"
         )
-    judge_ctx = _Context(ref, tgt, gold if mode == "golden" else None, policy, mode, tgt.manifest.variant, hist, cfg, tname)
+    judge_ctx = JudgeContext(ref, tgt, gold if mode == "golden" else None, policy, mode, tgt.manifest.variant, hist, cfg, tname)
     return ComparisonPlan(ref, tgt, gold, mode, replayed, pairs, unmatched, judge_ctx)
 
 
@@ -337,14 +228,15 @@ def conclude(plan: ComparisonPlan, results: list[OpResult] | Tally) -> Compariso
     tname = plan.context.target
     passes = results.passes if isinstance(results, Tally) else 0
     results = list(results.kept if isinstance(results, Tally) else results)
-    _apply_fdr(results, cfg)
-    results += [_unmatched_result(u) for u in unmatched]
+    apply_fdr(results, cfg)
+    results += [unmatched_result(u) for u in unmatched]
     local_everywhere = mode == "replay" or (mode == "golden" and replayed)
     generation = compare_generations(ref.manifest.run, tgt.manifest.run)
     judged_ops = _after_token_divergence(results, generation)
     first = mark_first_divergence(judged_ops, local_everywhere, _dataflow(plan),
                                   _paired_reference_ids(plan) if passes else None)
     diffs, note = _parameter_diffs(plan)
+    first = _changed_parent(first, results, unmatched) if first is not None and not local_everywhere else first
     first = _parameter_divergence(results, diffs) or first
     counts = Counter(r.verdict for r in results)
     counts[Verdict.PASS] += passes
@@ -418,6 +310,30 @@ def _check_same_model(ref: Bundle, tgt: Bundle, replayed: bool, blocks: list[str
         f"the two runs are not the same model: only {len(shared)} of the reference's {len(mods_r)} modules exist in "
         f"the target (reference-only: {', '.join(only_r)}; target-only: {', '.join(only_t) or 'none'}). "
         "Compare captures of the same model code (same SPEC), with the same module names")
+
+
+def _changed_parent(first: OpResult, results: list[OpResult], unmatched: list[Unmatched]) -> OpResult:
+    """The module whose own implementation differs, when the first divergence lies inside it: an op of
+    a module (or of a child of it) that runs after ops of that module that could not be paired (other
+    quantities) only inherits their error, so the module's own failing output is the first divergence."""
+    changed = {u.record.module for u in unmatched
+               if u.implementation_differs and u.side == "target" and u.record.module and u.record.step == first.step
+               and u.record.index < first.index and _inside(first.module, u.record.module)}
+    for module in sorted(changed, key=lambda m: -m.count(".")):  # the innermost changed module around it first
+        own = [r for r in results if r.kind == "module" and r.module == module and r.step == first.step
+               and r.index > first.index and r.verdict in (Verdict.FAIL, Verdict.WARN)]
+        if own:
+            chosen = min(own, key=lambda r: r.index)
+            first.inherited, chosen.inherited = True, False
+            chosen.finding = ((chosen.finding + "; ") if chosen.finding else "") + \
+                f"the implementation of module {module!r} differs (its own ops are unpaired): {first.id} inside it " \
+                "only inherits its error"
+            return chosen
+    return first
+
+
+def _inside(module: str, parent: str) -> bool:
+    return module == parent or module.startswith(parent + ".")
 
 
 def _parameter_divergence(results: list[OpResult], diffs: list[ParameterDifference]) -> OpResult | None:
@@ -496,163 +412,6 @@ def _side(b: Bundle) -> dict[str, Any]:
     return {"path": str(b.path), "run": b.manifest.run, "environment": b.manifest.environment, "records": len(b.records)}
 
 
-@dataclass
-class _Context:
-    ref: Bundle
-    tgt: Bundle
-    golden: Bundle | None
-    policy: BudgetPolicy
-    mode: str
-    variant: str
-    history: History | None
-    config: BandConfig
-    target: str
-    #: metrics by the stored tensor pair they were measured on (see :meth:`_measure_shared`)
-    _shared: _Recent = field(default_factory=lambda: _Recent())
-    #: metrics measured ahead of judging (:meth:`measure_ahead`), by the same keys, until a record takes them
-    _ahead: dict[tuple[Any, ...], Metrics] = field(default_factory=dict)
-
-    def measure_ahead(self, pairs: Sequence[Pair]) -> None:
-        """Measure the pairs of small stored float tensors among ``pairs`` together (one
-        :class:`~accuracy.metrics.PairBatch`: one compiled call per dtype combination instead of one per
-        pair), before they are judged one by one; :meth:`_measure_shared` then takes each pair's metrics
-        from here. The same numbers as measuring each alone. Golden comparisons measure one by one."""
-        if self.golden is not None or len(pairs) < 2:
-            return
-        try:
-            self._ahead.update(self._measured_together(pairs))
-        except Exception:  # noqa: BLE001 - each pair is then measured alone, and any error reported with it
-            return
-
-    def _measured_together(self, pairs: Sequence[Pair]) -> list[tuple[tuple[Any, ...], Metrics]]:
-        """(key, metrics) of the pairs :meth:`measure_ahead` batches (see there)."""
-        batch: PairBatch | None = None
-        keys: list[tuple[Any, ...]] = []
-        queued: set[tuple[Any, ...]] = set()
-        for pair in pairs:
-            r, t = pair.reference, pair.target
-            key = _shared_key(self.ref, self.tgt, r, t)
-            if (key is None or key in queued or key in self._shared or not same_elements(r, t)
-                    or not is_float_dtype(r.dtype) or not is_float_dtype(t.dtype)):
-                continue
-            absmax, clip = _absmax_and_clip(r, t)
-            if clip is not None:  # compared clipped: one by one
-                continue
-            assert r.tensor is not None and t.tensor is not None  # a shared key names both
-            if batch is None:
-                batch = PairBatch(self.ref.buffer(), self.tgt.buffer())
-            if batch.add(self.ref.span(r.tensor), self.tgt.span(t.tensor), t.dtype, absmax):
-                keys.append(key)
-                queued.add(key)
-        if batch is None or not keys:
-            return []
-        return list(zip(keys, batch.measure(), strict=True))
-
-    def forget_ahead(self) -> None:
-        """Drop metrics measured ahead that no judged record took (pairs judged without measuring)."""
-        self._ahead.clear()
-
-    def judge_pair(self, pair: Pair) -> OpResult:
-        result = self._judge_values(pair)
-        r, t = pair.reference, pair.target
-        if r.layout != t.layout:  # values are stored in logical order: the comparison is by logical index
-            result.layouts = (r.layout, t.layout)
-            result.reason += f" (layouts differed: reference {r.layout}, target {t.layout}; compared by logical index)"
-        aux = auxiliary_output(result.op, result.output)
-        if aux is not None:
-            result.auxiliary = aux
-            if result.verdict in (Verdict.FAIL, Verdict.WARN):
-                result.reason = f"auxiliary output ({aux}), reported, not judged alone: {result.reason}"
-                result.verdict = Verdict.PASS
-        return result
-
-    def _judge_values(self, pair: Pair) -> OpResult:
-        r, t = pair.reference, pair.target
-        base = _base(pair)
-        if not same_elements(r, t):
-            return OpResult(**base, metrics=None, verdict=Verdict.FAIL, reason=f"shape differs: reference {r.shape}, target {t.shape}")
-        if is_float_dtype(r.dtype) != is_float_dtype(t.dtype):
-            return OpResult(**base, metrics=None, verdict=Verdict.FAIL,
-                            reason=f"dtype kind differs: reference {r.dtype}, target {t.dtype}")
-        gold = self._golden_record(r)
-        try:
-            metrics = self._measure_shared(self.golden if gold else self.ref, self.tgt, gold or r, t)
-            ref_metrics = (self._measure_shared(self.golden, self.ref, gold, r)
-                           if gold and self.golden is not None and self.golden is not self.ref else None)
-        except Exception as e:  # noqa: BLE001 - our bug, reported with the pair, never the user's crash
-            return OpResult(**base, metrics=None, verdict=Verdict.FAIL,
-                            reason=f"internal error comparing {r.id}: {type(e).__name__}: {e} (please report)")
-        if metrics is None:
-            return OpResult(**base, metrics=None, verdict=Verdict.NEW, reason="no tensor or statistics to compare on one side")
-        if metrics.mismatches is not None:
-            verdict = Verdict.FAIL if metrics.mismatches else Verdict.PASS
-            reason = f"{metrics.mismatches} of {metrics.numel} elements differ" if metrics.mismatches else "all elements equal"
-            return OpResult(**base, metrics=metrics, verdict=verdict, reason=reason, budget=Budget(0.0, 1.0, "exact"))
-        dtype = judged_dtype(r.dtype, t.dtype, self.variant, self.mode)
-        k = reduction_length(t.op, t.input_shapes, t.shape)
-        budget = self.policy.budget(r.key, t.op, t.kind, dtype, "replay" if self.mode == "golden" else self.mode, k)
-        result = OpResult(**base, metrics=metrics, verdict=Verdict.PASS, reason="", budget=budget, reference_metrics=ref_metrics,
-                          finding=precision_trap(r.dtype, t.dtype, self.variant))
-        if self.history is not None and self._judge_history(result, dtype):
-            return result
-        if ref_metrics is not None:
-            result.verdict, result.reason, result.golden_ratio = judge_golden(metrics, ref_metrics, budget)
-        else:
-            result.verdict, result.reason = judge_budget(metrics, budget)
-            if self.golden is not None and gold is None:
-                result.reason += " (no golden record: judged against the reference)"
-            elif gold is not None:
-                result.reason += " (vs fp64 golden; no reference outputs to compare its error with)"
-        if result.finding:
-            result.reason += f"; {result.finding}"
-        return result
-
-    def _measure_shared(self, ref: Bundle | None, tgt: Bundle, r: Record | None, t: Record) -> Metrics | None:
-        """:func:`_measure`, once per stored tensor pair: records that name the same stored tensors (a
-        module's output and the op output it aliases, e.g. ``q_proj/forward#0`` and its ``aten.mm#0``;
-        bundle format 1.1 on) share their metrics, which depend on nothing else the key leaves out.
-        Each record gets its own object (later ones a shallow copy). The last :data:`SHARED_METRICS` pairs are kept.
-        A pair measured ahead (:meth:`measure_ahead`) is taken from there, as if measured now."""
-        key = _shared_key(ref, tgt, r, t)
-        if key is None:
-            return _measure(ref, tgt, r, t)
-        ahead = self._ahead.pop(key, None)
-        if ahead is not None:
-            self._shared.put(key, ahead)
-            return ahead
-        if key in self._shared:
-            return _copied(self._shared[key])
-        metrics = _measure(ref, tgt, r, t)
-        self._shared.put(key, metrics)  # the first record keeps it; later ones get copies
-        return metrics
-
-    def _golden_record(self, r: Record) -> Record | None:
-        if self.golden is None:
-            return None
-        try:
-            return self.golden.record(r.id)
-        except KeyError:
-            return None
-
-    def _judge_history(self, result: OpResult, dtype: str) -> bool:
-        """Judge against bands when there is enough history; False to fall back to the budget."""
-        assert self.history is not None and result.metrics is not None
-        op_id = result.op if result.output == 0 else f"{result.op}:{result.output}"  # bands per output
-        bands, runs, nonfinite = bands_for(self.history, result.id, op_id, result.shape_signature,
-                                           result.dtype, self.target, self.config)
-        categorical = judge_nonfinite_history(result.metrics, runs, nonfinite) if runs >= self.config.min_history else None
-        if categorical is not None:
-            result.verdict, result.reason = categorical
-            return True
-        if not bands:
-            return False
-        m = result.metrics
-        result.bands = [BandCheck(b, m.get(b.metric), b.p_value(m.get(b.metric))) for b in bands]
-        out = [c.p_value for c in result.bands if c.out]
-        result.p_value = min(1.0, min(out) * len(result.bands)) if out else 1.0
-        return True
-
-
 def _after_token_divergence(results: list[OpResult], generation: GenerationComparison | None) -> list[OpResult]:
     """The results the first divergence is looked for in: without teacher forcing, the steps after the
     target chose another token compute on other inputs, so their out-of-budget ops are warnings
@@ -670,99 +429,17 @@ def _after_token_divergence(results: list[OpResult], generation: GenerationCompa
     return kept
 
 
-def _apply_fdr(results: list[OpResult], cfg: BandConfig) -> None:
-    """Benjamini-Hochberg across the banded ops of this comparison, then their verdicts."""
-    banded = [r for r in results if r.bands and r.p_value is not None]
-    reject = benjamini_hochberg([r.p_value for r in banded], cfg.fdr)  # type: ignore[misc]
-    for r, significant in zip(banded, reject, strict=True):
-        r.verdict, r.reason = judge_bands(r.bands, significant, len(banded))
-
-
-def judge(metrics: Metrics, budget: Budget) -> tuple[str, str]:
-    """Verdict and reason in words for one op's metrics against a budget (kept for callers)."""
-    return judge_budget(metrics, budget)
-
-
-def _base(pair: Pair) -> dict[str, Any]:
-    t = pair.target
-    return dict(
-        key=pair.reference.key, output=pair.reference.output, op=t.op, module=t.module, kind=t.kind, index=t.index,
-        input_shapes=t.input_shapes, shape=t.shape, dtype=t.dtype, reference_dtype=pair.reference.dtype,
-        aligned_by=pair.how,
-    )
-
-
-def _measure(ref: Bundle | None, tgt: Bundle, r: Record | None, t: Record) -> Metrics | None:
-    if ref is None or r is None:
-        return None
-    if r.tensor is not None and t.tensor is not None:
-        if not is_float_dtype(r.dtype) or not is_float_dtype(t.dtype):
-            return compare_discrete(ref.iter_chunks(r.tensor), tgt.iter_chunks(t.tensor))
-        absmax, top = _absmax_and_clip(r, t)
-        (rv, rtag), (tv, ttag) = ref.stored(r.tensor), tgt.stored(t.tensor)
-        if top is not None:
-            return compare_arrays(rv, tv, t.dtype, top, reference_dtype=rtag, stored_dtype=ttag, clip=top)
-        return compare_arrays(rv, tv, t.dtype, absmax, reference_dtype=rtag, stored_dtype=ttag)
-    if r.stats and t.stats:
-        return compare_stats(r.stats, t.stats, t.dtype)
-    return None
-
-
-def _absmax_and_clip(r: Record, t: Record) -> tuple[float | None, float | None]:
-    """The reference's recorded absmax, and the target dtype's largest value when the reference goes beyond
-    it (the pair is then compared clipped to it), else None."""
-    absmax = r.stats.absmax if r.stats else None
-    top = DTYPE_MAX.get(t.dtype)
-    return absmax, (top if top is not None and absmax is not None and absmax > top else None)
-
-
-class _Recent(OrderedDict[tuple[Any, ...], Any]):
-    """The last :data:`SHARED_METRICS` entries put, the oldest dropped first (records that share a stored
-    tensor pair are near each other in execution order)."""
-
-    def put(self, key: tuple[Any, ...], value: Any) -> None:
-        self[key] = value
-        if len(self) > SHARED_METRICS:
-            self.popitem(last=False)
-
-
-def _shared_key(ref: Bundle | None, tgt: Bundle, r: Record | None, t: Record) -> tuple[Any, ...] | None:
-    """What a measurement of ``r`` (in ``ref``) against ``t`` (in ``tgt``) depends on, for records that name
-    stored tensors (None otherwise): records with equal keys get equal metrics."""
-    if ref is None or r is None or r.tensor is None or t.tensor is None:
-        return None
-    return (id(ref), r.tensor, r.dtype, id(tgt), t.tensor, t.dtype, r.stats.absmax if r.stats else None)
-
-
 def repeated_measurements(plan: ComparisonPlan) -> Iterator[tuple[Pair, bool]]:
     """Each pair of ``plan`` in order (read once), with whether judging it reuses the measurement of an
     earlier pair (the same stored tensors within the last :data:`SHARED_METRICS` pairs, as
-    :meth:`_Context._measure_shared` keeps them; in golden mode, by the reference's tensors), so that its
+    :meth:`JudgeContext._measure_shared` keeps them; in golden mode, by the reference's tensors), so that its
     metric kernel does not run again. For sizing work, e.g. shards."""
-    window = _Recent()
+    window = RecentMetrics()
     for pair in plan.pairs:
-        key = _shared_key(plan.ref, plan.tgt, pair.reference, pair.target)
+        key = shared_key(plan.ref, plan.tgt, pair.reference, pair.target)
         repeat = key is not None and key in window
         if key is not None and not repeat:
             window.put(key, None)
         yield pair, repeat
 
 
-def _copied(m: Metrics | None) -> Metrics | None:
-    """A shallow copy of a metrics object (~10x cheaper than ``copy.copy`` of a dataclass)."""
-    if m is None:
-        return None
-    out = Metrics.__new__(Metrics)
-    out.__dict__.update(m.__dict__)
-    return out
-
-
-def _unmatched_result(u: Unmatched) -> OpResult:
-    rec = u.record
-    return OpResult(
-        key=rec.key, output=rec.output, op=rec.op, module=rec.module, kind=rec.kind, index=rec.index,
-        input_shapes=rec.input_shapes, shape=rec.shape, dtype=rec.dtype, reference_dtype=rec.dtype, metrics=None,
-        verdict=Verdict.MISSING if u.side == "reference" else Verdict.NEW,
-        reason=("only in the reference: " if u.side == "reference" else "only in the target: ") + u.reason,
-        aligned_by="none",
-    )

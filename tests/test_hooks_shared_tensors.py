@@ -286,7 +286,7 @@ def test_records_sharing_stored_tensors_are_measured_once(tmp_path: Path, monkey
     with torch.no_grad():
         model.lin.weight.mul_(1.01)
     out, _, tgt = _capture(model, x, tmp_path / "tgt.bundle")
-    module = sys.modules["accuracy.compare"]
+    module = sys.modules["accuracy.judging"]  # where pairs are measured
     calls: list[tuple[int, int]] = []  # every measurement: alone (compare_arrays) or queued in a batch
     real, queue = module.compare_arrays, PairBatch.add
 
