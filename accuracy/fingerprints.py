@@ -62,15 +62,15 @@ def print_difference(a: TensorPrint, b: TensorPrint) -> str | None:
         return f"dtype {a.dtype} vs {b.dtype}"
     if a.dtype == b.dtype:
         if a.digest and b.digest:
-            return None if a.digest == b.digest else _stats_words(a, b) or "same statistics, different bytes"
+            if a.digest == b.digest:
+                return None
+            if _reordered(a, b):  # equal statistics up to summation order: the bytes moved, not the values
+                return ("the same values in another order or layout (a transposed or permuted weight?): sum, L2 "
+                        "and max abs agree, the bytes do not")
+            return _stats_words(a, b) or "same statistics, different bytes"
         # one side has no digest (statistics computed on an accelerator): the same values summed in
         # another order; absmax and the NaN/Inf count do not depend on the order
-        u = _reorder_slack(a.dtype)
-        n = max(math.prod(a.shape), 1)
-        close = (a.nonfinite == b.nonfinite and a.absmax == b.absmax
-                 and (a.l2 == b.l2 or abs(a.l2 - b.l2) <= u * a.l2)
-                 and (a.sum == b.sum or abs(a.sum - b.sum) <= u * math.sqrt(n) * a.l2))
-        return None if close else _stats_words(a, b) or "values differ beyond summation order"
+        return None if _reordered(a, b) else _stats_words(a, b) or "values differ beyond summation order"
     u = max(machine_eps(a.dtype), machine_eps(b.dtype))
     n = max(math.prod(a.shape), 1)
     slack = CAST_SLACK_U * u
@@ -94,6 +94,15 @@ def _reorder_slack(dtype: str) -> float:
 
 def _tiny(dtype: str) -> float:
     return FLOAT_FORMATS[dtype][1] if dtype in FLOAT_FORMATS else 0.0
+
+
+def _reordered(a: TensorPrint, b: TensorPrint) -> bool:
+    """The statistics of ``a`` and ``b`` (same dtype) agree up to the order their values were summed in."""
+    u = _reorder_slack(a.dtype)
+    n = max(math.prod(a.shape), 1)
+    return (a.nonfinite == b.nonfinite and a.absmax == b.absmax
+            and (a.l2 == b.l2 or abs(a.l2 - b.l2) <= u * a.l2)
+            and (a.sum == b.sum or abs(a.sum - b.sum) <= u * math.sqrt(n) * a.l2))
 
 
 def _stats_words(a: TensorPrint, b: TensorPrint) -> str:

@@ -271,3 +271,17 @@ def test_prints_without_the_compiled_walk_are_the_same(monkeypatch: pytest.Monke
     monkeypatch.setattr(fps, "_walk", lambda src, chunk: calls.append(chunk) or walk(src, chunk))
     assert ParameterPrints(model).result() == compiled == parameter_prints(model)
     assert BACKGROUND_CHUNK_BYTES in calls  # the thread's Python walk, in its larger pieces
+
+
+def test_a_transposed_weight_is_named_as_the_same_values_in_another_layout() -> None:
+    from hooks.fingerprints import tensor_print
+
+    w = torch.randn(64, 64, generator=torch.Generator().manual_seed(5))
+    a, b = tensor_print(w), tensor_print(w.t().contiguous())
+    how = print_difference(a, b)
+    assert how is not None and "another order or layout" in how and "transposed" in how
+    assert " vs " not in how  # no "sum 0.4998 vs 0.4998": equal-looking numbers never read as the difference
+    changed = w.clone()
+    changed[3, 7] += 0.5
+    how = print_difference(a, tensor_print(changed))
+    assert how is not None and "another order" not in how and "sum" in how
