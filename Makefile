@@ -58,6 +58,8 @@ bench: $(STAMP)
 	$(PY) benchmarks/capture.py --model llama-mid
 	$(PY) benchmarks/dispatch_floor.py
 	$(PY) benchmarks/compare.py
+	$(PY) benchmarks/generation.py --model llama-small
+	$(PY) benchmarks/generation.py --model llama-mid
 	$(PY) benchmarks/compare_pair.py
 	$(PY) benchmarks/compare_records.py --records 10000,50000
 	$(PY) benchmarks/service.py
