@@ -421,11 +421,14 @@ def _after_token_divergence(results: list[OpResult], generation: GenerationCompa
         return results
     kept = []
     for r in results:
-        if r.step <= after:
+        # the generation loop's own ops (outside the model) from that step on pick and append the tokens
+        loop = r.module == "" and r.kind == "aten" and r.step == after
+        if r.step < after or (r.step == after and not loop):
             kept.append(r)
         elif r.verdict in (Verdict.FAIL, Verdict.WARN):
             r.verdict, r.inherited = Verdict.WARN, True  # reported, never an op fault of the target's
-            r.reason = f"inputs differ (the target chose other tokens at step {after}): {r.reason}"
+            r.reason = (f"the token choice that differs at step {after} (see the generation's tokens): {r.reason}"
+                        if loop else f"inputs differ (the target chose other tokens at step {after}): {r.reason}")
     return kept
 
 

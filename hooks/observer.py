@@ -166,11 +166,17 @@ class ObserverMode:
             if _observer is not None:
                 _observer.stop()
 
+    def innermost(self) -> int:
+        """The observer's index of the innermost module. Outside every module (a ``generate()`` loop's own
+        ops) counts as the root's path ``""``, as the dispatch mode names it: one numbering for both,
+        so the root module's own ops and the loop's never share a key."""
+        stack = self.rec.stack
+        return self.index.get(stack[-1] if stack else "", -1)
+
     def sync(self) -> None:
         """Tell the observer whether to record (active, not busy, not paused), the innermost module, the step."""
         rec = self.rec
-        stack = rec.stack
-        module = self.index.get(stack[-1], -1) if stack else -1
+        module = self.innermost()
         assert _observer is not None
         _observer.set_state(rec.active and not rec.busy and not self.paused_depth, module, rec.step)
 
@@ -192,8 +198,7 @@ class ObserverMode:
         in order with the ops; False when the recorder must record it (any output that is not a
         plain tensor the observer summarises), after the observer's records were drained."""
         rec = self.rec
-        stack = rec.stack
-        inner = self.index.get(stack[-1], -1) if stack else -1
+        inner = self.innermost()
         if not rec.active:
             self.sync()
             return True  # nothing to record

@@ -35,3 +35,27 @@ def gpt2() -> tuple[torch.nn.Module, dict[str, Any]]:
     cfg = transformers.GPT2Config(vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=64,
                                   bos_token_id=0, eos_token_id=1, initializer_range=0.4)
     return transformers.GPT2LMHeadModel(cfg).eval(), {"input_ids": prompt()}
+
+
+def t5() -> tuple[torch.nn.Module, dict[str, Any]]:
+    """An encoder-decoder: the encoder runs once, in the prefill step."""
+    torch.manual_seed(0)
+    cfg = transformers.T5Config(vocab_size=128, d_model=64, d_kv=16, d_ff=96, num_layers=2, num_heads=4,
+                                decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    return transformers.T5ForConditionalGeneration(cfg).eval(), {"input_ids": prompt()}
+
+
+def llama_padded() -> tuple[torch.nn.Module, dict[str, Any]]:
+    """Two prompts in one batch, the shorter left-padded."""
+    model, _ = llama()
+    ids = torch.randint(2, 128, (2, PROMPT), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    ids[0, :2], mask[0, :2] = 0, 0
+    return model, {"input_ids": ids, "attention_mask": mask}
+
+
+def llama_static() -> tuple[torch.nn.Module, dict[str, Any]]:
+    """``generate()`` over a static (preallocated) KV cache."""
+    model, inputs = llama()
+    model.generation_config.cache_implementation = "static"
+    return model, inputs

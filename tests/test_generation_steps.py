@@ -262,3 +262,28 @@ def test_opband_capture_generate_and_teacher_force_from_the_cli(tmp_path: Path) 
     bad = subprocess.run([*cli, "capture", spec, "--generate", "4", "--teacher-force", str(tgt.with_suffix(".none")),
                           "-o", str(tmp_path / "y.bundle")], capture_output=True, text=True)
     assert bad.returncode == 2 and not (tmp_path / "y.bundle").exists()
+
+
+@pytest.mark.parametrize("setup", ["t5", "llama_padded", "llama_static"])
+def test_encoder_decoder_padded_batches_and_a_static_cache_generate_as_steps(setup: str, tmp_path: Path) -> None:
+    """An honest bf16 port of each fails nothing; pairs stay within their step."""
+    paths = {}
+    for variant in ("fp32", "bf16"):
+        model, inputs = getattr(generation_specs, setup)()
+        model, inputs, run = apply_variant(model, inputs, variant, "cpu")
+        paths[variant] = tmp_path / f"{variant}.bundle"
+        with torch.no_grad(), capture(model, paths[variant], level="aten", mode="summary", progress=False,
+                                      call_steps=True, run=run) as cap:
+            run["generation"] = generate(model, inputs, NEW_TOKENS, None, cap.paused)
+        assert len(run["generation"]["tokens"][0]) == NEW_TOKENS
+    records = Bundle.open(paths["fp32"]).records
+    assert sorted({r.step for r in records}) == list(range(NEW_TOKENS))
+    ids = [r.id for r in records]
+    assert len(ids) == len(set(ids))
+    report = accuracy.compare(paths["fp32"], paths["bf16"])
+    fd = report.first_divergence
+    assert report.counts[Verdict.FAIL] == 0 and report.counts[Verdict.MISSING] == 0, (fd.id, fd.reason) if fd else None
+    assert report.generation is not None and len(report.generation.steps) == NEW_TOKENS
+    if setup == "t5":
+        assert any(r.module.startswith("encoder") and r.step == 0 for r in records)
+        assert not any(r.module.startswith("encoder") and r.step > 0 for r in records)  # the encoder runs once
