@@ -287,3 +287,33 @@ def test_encoder_decoder_padded_batches_and_a_static_cache_generate_as_steps(set
     if setup == "t5":
         assert any(r.module.startswith("encoder") and r.step == 0 for r in records)
         assert not any(r.module.startswith("encoder") and r.step > 0 for r in records)  # the encoder runs once
+
+
+def test_a_cache_write_bug_is_named_at_its_layer_and_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """From decode step 3 on, layer 1's cache stores the new token's values at half scale (a port whose
+    cache write converts them wrongly): the first divergence is that layer's attention, at step 3."""
+    import transformers.cache_utils as cache_utils
+
+    ref = tmp_path / "ref.bundle"
+    _generate(_llama(), ref, threads=1)
+    update, lazy = cache_utils.DynamicLayer.update, cache_utils.DynamicLayer.lazy_initialization
+    made = [0]
+
+    def numbered(self: Any, key: torch.Tensor, value: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        self.opband_layer, made[0] = made[0] % 2, made[0] + 1  # the model's 2 layers, in creation order
+        return lazy(self, key, value, *args, **kwargs)
+
+    def bad_write(self: Any, key: torch.Tensor, value: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if self.is_initialized and self.opband_layer == 1 and self.keys.shape[-2] >= PROMPT + 2:
+            value = value * 0.5
+        return update(self, key, value, *args, **kwargs)
+
+    monkeypatch.setattr(cache_utils.DynamicLayer, "lazy_initialization", numbered)
+    monkeypatch.setattr(cache_utils.DynamicLayer, "update", bad_write)
+    tgt = tmp_path / "cache.bundle"
+    _generate(_llama(), tgt, threads=1)
+    report = accuracy.compare(ref, tgt)
+    fd = report.first_divergence
+    assert fd is not None and report.verdict == Verdict.FAIL
+    assert fd.step == 3 and fd.module == "model.layers.1.self_attn", (fd.id, fd.reason)
+    assert not [o for o in report.ops if o.step < 3 and o.verdict == Verdict.FAIL]
