@@ -26,7 +26,7 @@ import functools
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -127,15 +127,25 @@ WARN_FACTOR = 2.0
 GOLDEN_RATIO = 4.0
 
 
+#: Metrics a budget override may bound from above, besides ``norm_l2`` (``accuracy.metrics.Metrics``'s names)
+LIMIT_METRICS = ("max_abs", "max_rel", "mean_rel", "rmse", "ulp_max")
+
+
 @dataclass(frozen=True)
 class Budget:
-    """The accepted error of one op: normalized L2 error and a cosine floor."""
+    """The accepted error of one op: normalized L2 error and a cosine floor, and (from an override) upper
+    limits on any other metric and torch.testing's ``|t - r| <= atol + rtol * |r|``."""
 
     norm_l2: float
     cosine_min: float
     source: str
-    atol: float = 0.0  # RMS error at or below this passes whatever the norm: values near the dtype's underflow
-
+    #: without ``rtol``: RMS error at or below this passes whatever the norm (values near the dtype's
+    #: underflow); with ``rtol``: torch.testing's absolute tolerance
+    atol: float = 0.0
+    #: ``(metric, limit)``: ``max_abs`` … as in :data:`LIMIT_METRICS`, ``share_rel_over_1e-03`` …
+    limits: tuple[tuple[str, float], ...] = ()
+    rtol: float | None = None  # torch.testing's relative tolerance: set, the elements outside are counted
+    close_share: float = 0.0  # with ``rtol``: the share of elements allowed outside ``atol + rtol * |r|``
 
     def describe(self) -> str:
         return f"norm_l2 <= {self.norm_l2:.2e} ({self.source})"
@@ -350,31 +360,61 @@ def load_config(path: str | os.PathLike[str]) -> Mapping[str, Any]:
     raise ConfigError(f"budget config {p}: unknown suffix {suffix!r}; use .toml, .yaml, .yml or .json")
 
 
+def _number(pattern: str, name: str, value: Any, low: float = 0.0, high: float = math.inf) -> float:
+    try:
+        x = float(value)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"budget override {pattern!r}: fields must be numbers ({name}: {e})") from e
+    if not (low <= x <= high and math.isfinite(x)):
+        raise ConfigError(f"budget override {pattern!r}: {name} must lie in [{low:g}, {high:g}] (finite), not {x!r}")
+    return x
+
+
 def _parse_override(pattern: str, spec: Mapping[str, Any]) -> Budget:
-    optional = {"atol"}
-    names = {f.name for f in fields(Budget)} - {"source"} - optional
-    given = set(spec) - optional
-    unknown = given - names
+    """One override: ``norm_l2`` with ``cosine_min`` (both or neither), and/or upper limits on other metrics
+    (:data:`LIMIT_METRICS`, ``share_rel_over``: ``{"1e-03": share}``), and/or ``atol`` + ``rtol``."""
+    from accuracy.metrics import REL_THRESHOLDS
+
+    allowed = {"norm_l2", "cosine_min", "atol", "rtol", "close_share", "share_rel_over", *LIMIT_METRICS}
+    unknown = set(spec) - allowed
     if unknown:
-        raise ConfigError(f"budget override {pattern!r}: unknown field(s) {sorted(unknown)}; allowed: {sorted(names)}")
-    missing = names - given
-    if missing:
+        raise ConfigError(f"budget override {pattern!r}: unknown field(s) {sorted(unknown)}; allowed: {sorted(allowed)}")
+    pair = {"norm_l2", "cosine_min"} & set(spec)
+    if len(pair) == 1:
+        missing = sorted({"norm_l2", "cosine_min"} - pair)
         raise ConfigError(
-            f"budget override {pattern!r} sets {sorted(given)} but not {sorted(missing)}: a half-specified "
+            f"budget override {pattern!r} sets {sorted(pair)} but not {missing}: a half-specified "
             "budget would silently mix your limit with a default you did not choose; give every field"
         )
+    limits = [(name, _number(pattern, name, spec[name])) for name in LIMIT_METRICS if name in spec]
+    shares = spec.get("share_rel_over", {})
+    if not isinstance(shares, Mapping):
+        raise ConfigError(f"budget override {pattern!r}: share_rel_over must map a relative-error threshold to "
+                          f"the share of elements allowed over it, e.g. {{\"1e-03\" = 0.01}}")
+    known = {f"{t:.0e}": t for t in REL_THRESHOLDS}
+    for threshold, share in shares.items():
+        name = next((k for k, t in known.items() if _same_threshold(threshold, t)), None)
+        if name is None:
+            raise ConfigError(f"budget override {pattern!r}: share_rel_over threshold {threshold!r} is not one opband "
+                              f"measures; use one of {sorted(known)}")
+        limits.append((f"share_rel_over_{name}", _number(pattern, f"share_rel_over {threshold}", share, 0.0, 1.0)))
+    rtol = _number(pattern, "rtol", spec["rtol"]) if "rtol" in spec else None
+    if "close_share" in spec and rtol is None:
+        raise ConfigError(f"budget override {pattern!r}: close_share bounds the elements outside atol + rtol * |r|: "
+                          "give rtol (and atol) with it")
+    atol = _number(pattern, "atol", spec.get("atol", 0.0))
+    if not pair and not limits and rtol is None:
+        raise ConfigError(f"budget override {pattern!r} bounds nothing: give norm_l2 and cosine_min, a limit on one "
+                          f"of {sorted([*LIMIT_METRICS, 'share_rel_over'])}, or atol and rtol")
+    norm_l2 = _number(pattern, "norm_l2", spec["norm_l2"]) if pair else math.inf
+    cosine_min = _number(pattern, "cosine_min", spec["cosine_min"], -1.0, 1.0) if pair else -1.0
+    return Budget(norm_l2=norm_l2, cosine_min=cosine_min, source=f"override {pattern}", atol=atol,
+                  limits=tuple(limits), rtol=rtol, close_share=_number(pattern, "close_share",
+                                                                       spec.get("close_share", 0.0), 0.0, 1.0))
+
+
+def _same_threshold(given: Any, threshold: float) -> bool:
     try:
-        values = {k: float(spec[k]) for k in names}
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"budget override {pattern!r}: fields must be numbers ({e})") from e
-    if not (values["norm_l2"] >= 0 and math.isfinite(values["norm_l2"])):
-        raise ConfigError(f"budget override {pattern!r}: norm_l2 must be a finite number >= 0")
-    if not -1.0 <= values["cosine_min"] <= 1.0:
-        raise ConfigError(f"budget override {pattern!r}: cosine_min must lie in [-1, 1]")
-    try:
-        atol = float(spec.get("atol", 0.0))
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"budget override {pattern!r}: atol must be a number ({e})") from e
-    if not (atol >= 0 and math.isfinite(atol)):
-        raise ConfigError(f"budget override {pattern!r}: atol must be a finite number >= 0")
-    return Budget(norm_l2=values["norm_l2"], cosine_min=values["cosine_min"], source=f"override {pattern}", atol=atol)
+        return math.isclose(float(given), threshold, rel_tol=1e-9)
+    except (TypeError, ValueError):
+        return False

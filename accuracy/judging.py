@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from accuracy.align import Pair, Unmatched, same_elements
 from accuracy.bands import BandCheck, BandConfig, History, bands_for, benjamini_hochberg
 from accuracy.budgets import DTYPE_MAX, Budget, BudgetPolicy, auxiliary_output, judged_dtype, precision_trap, reduction_length
@@ -127,7 +129,8 @@ class JudgeContext:
         if ref_metrics is not None:
             result.verdict, result.reason, result.golden_ratio = judge_golden(metrics, ref_metrics, budget)
         else:
-            result.verdict, result.reason = judge_budget(metrics, budget)
+            close = _outside_close(self.ref, self.tgt, r, t, budget) if budget.rtol is not None else None
+            result.verdict, result.reason = judge_budget(metrics, budget, close)
             if self.golden is not None and gold is None:
                 result.reason += " (no golden record: judged against the reference)"
             elif gold is not None:
@@ -213,6 +216,23 @@ def _measure(ref: Bundle | None, tgt: Bundle, r: Record | None, t: Record) -> Me
     if r.stats and t.stats:
         return compare_stats(r.stats, t.stats, t.dtype)
     return None
+
+
+def _outside_close(ref: Bundle, tgt: Bundle, r: Record, t: Record, budget: Budget) -> float | None:
+    """The share of elements outside torch.testing's ``|t - r| <= atol + rtol * |r|`` (NaN counts as
+    outside), counted in float64 chunk by chunk; None when either side has statistics only."""
+    if r.tensor is None or t.tensor is None or not (is_float_dtype(r.dtype) and is_float_dtype(t.dtype)):
+        return None
+    atol, rtol = budget.atol, float(budget.rtol or 0.0)
+    outside = total = 0
+    for rv, tv in zip(ref.iter_chunks(r.tensor), tgt.iter_chunks(t.tensor), strict=True):
+        rv, tv = rv.astype(np.float64), tv.astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            ok = np.abs(tv - rv) <= atol + rtol * np.abs(rv)
+        ok |= (rv == tv)  # equal infinities
+        outside += int(ok.size - np.count_nonzero(ok))
+        total += ok.size
+    return outside / total if total else 0.0
 
 
 def _absmax_and_clip(r: Record, t: Record) -> tuple[float | None, float | None]:

@@ -63,8 +63,10 @@ def op_to_dict(o: OpResult) -> dict[str, Any]:
         "metrics": o.metrics.as_dict() if o.metrics is not None else None,
         "verdict": o.verdict,
         "reason": o.reason,
-        "budget": {"norm_l2": o.budget.norm_l2, "cosine_min": o.budget.cosine_min, "source": o.budget.source,
-                   **({"atol": o.budget.atol} if o.budget.atol else {})}  # atol only where one applies
+        "budget": {"norm_l2": _num(o.budget.norm_l2), "cosine_min": o.budget.cosine_min, "source": o.budget.source,
+                   **({"atol": o.budget.atol} if o.budget.atol else {}),  # atol only where one applies
+                   **({"limits": {k: _num(v) for k, v in o.budget.limits}} if o.budget.limits else {}),
+                   **({"rtol": o.budget.rtol, "close_share": o.budget.close_share} if o.budget.rtol is not None else {})}
         if o.budget
         else None,
         "bands": [_band_to_dict(c) for c in o.bands],
@@ -92,7 +94,9 @@ def op_from_dict(d: dict[str, Any]) -> OpResult:
         metrics=Metrics.from_dict(metrics) if metrics is not None else None,
         verdict=Verdict(d["verdict"]), reason=d["reason"],
         budget=Budget(_float(budget["norm_l2"]), _float(budget["cosine_min"]), budget["source"],
-                      _float(budget.get("atol", 0.0))) if budget is not None else None,
+                      _float(budget.get("atol", 0.0)),
+                      tuple((k, _float(v)) for k, v in budget.get("limits", {}).items()),
+                      budget.get("rtol"), budget.get("close_share", 0.0)) if budget is not None else None,
         aligned_by=d["aligned_by"], inherited=d["inherited"],
         bands=[_band_from_dict(b) for b in d["bands"]],
         p_value=_float(d["p_value"]),

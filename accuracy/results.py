@@ -77,6 +77,9 @@ class OpResult:
             return max(c.value / c.band.upper if c.band.upper > 0 else math.inf for c in self.bands)
         if self.budget is None:
             return 0.0
+        if self.budget.limits and math.isinf(self.budget.norm_l2):  # an override of other metrics only
+            return max((self.metrics.get(name) / limit if limit > 0 else math.inf
+                        for name, limit in self.budget.limits), default=0.0)
         if self.budget.norm_l2 == 0:
             return math.inf if self.metrics.norm_l2 > 0 or self.metrics.mismatches else 0.0
         return self.metrics.norm_l2 / self.budget.norm_l2

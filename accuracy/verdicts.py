@@ -6,6 +6,7 @@ what (``max rel err 3.1e-02 > band 4.0e-03 (99%/95% tolerance bound of 12 accept
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from enum import StrEnum
 
@@ -51,11 +52,16 @@ def nonfinite_reason(m: Metrics) -> str | None:
     return None
 
 
-def judge_budget(m: Metrics, budget: Budget) -> tuple[str, str]:
-    """Verdict of one op's metrics against a budget."""
+def judge_budget(m: Metrics, budget: Budget, outside_close: float | None = None) -> tuple[str, str]:
+    """Verdict of one op's metrics against a budget; ``outside_close``: the share of elements outside
+    ``atol + rtol * |r|`` when the budget has an ``rtol`` and the tensors were there to count it."""
     bad = nonfinite_reason(m)
     if bad:
         return Verdict.FAIL, bad
+    if budget.limits or budget.rtol is not None:
+        extra = _judge_limits(m, budget, outside_close)
+        if extra[0] != Verdict.PASS or math.isinf(budget.norm_l2):
+            return extra
     err, limit = m.norm_l2, budget.norm_l2
     what = "summary norm L2 err" if m.source == "summary" else "norm L2 err"
     if err > limit and budget.atol > 0 and m.source == "tensor" and m.rmse <= budget.atol:
@@ -68,6 +74,32 @@ def judge_budget(m: Metrics, budget: Budget) -> tuple[str, str]:
     if err > limit:
         return Verdict.FAIL, f"{what} {err:.1e} > budget {limit:.1e} ({budget.source})"
     return Verdict.FAIL, f"cosine {m.cosine:.6f} < {budget.cosine_min:.6f} ({budget.source})"
+
+
+def _judge_limits(m: Metrics, budget: Budget, outside_close: float | None) -> tuple[str, str]:
+    """An override's limits on other metrics: FAIL at the first one exceeded, WARN when atol/rtol could not
+    be checked (statistics only), else PASS with every value against its limit."""
+    summary = "summary " if m.source == "summary" else ""
+    said = []
+    for name, limit in budget.limits:
+        try:
+            value = m.get(name)
+        except (KeyError, AttributeError):
+            return Verdict.WARN, f"{name} not measured on this op ({budget.source}): not judged against {limit:.1e}"
+        words = label(name) if not name.startswith("share_rel_over_") else \
+            f"share of elements with rel err > {name.removeprefix('share_rel_over_')}"
+        if value > limit:
+            return Verdict.FAIL, f"{summary}{words} {value:.3g} > budget {limit:.3g} ({budget.source})"
+        said.append(f"{summary}{words} {value:.3g} <= {limit:.3g}")
+    if budget.rtol is not None:
+        rule = f"|t - r| <= {budget.atol:g} + {budget.rtol:g} * |r|"
+        if outside_close is None:
+            return Verdict.WARN, (f"{rule} not checked: this pair has statistics only (capture with --mode full) "
+                                  f"({budget.source})")
+        if outside_close > budget.close_share:
+            return Verdict.FAIL, f"{outside_close:.3%} of elements outside {rule} (allowed {budget.close_share:.3%}, {budget.source})"
+        said.append(f"{outside_close:.3%} of elements outside {rule}")
+    return Verdict.PASS, "; ".join(said) + f" ({budget.source})"
 
 
 def judge_golden(target: Metrics, reference: Metrics, budget: Budget) -> tuple[str, str, float]:

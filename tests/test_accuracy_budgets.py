@@ -65,7 +65,7 @@ def test_half_specified_override_is_refused_with_a_reason() -> None:
     with pytest.raises(ConfigError, match="half-specified budget would silently mix"):
         BudgetPolicy.from_config({"ops": {"*.mlp.act/*": {"norm_l2": 1e-3}}})
     with pytest.raises(ConfigError, match="unknown field"):
-        BudgetPolicy.from_config({"ops": {"x": {"norm_l2": 1e-3, "cosine_min": 0.9, "rtol": 1}}})
+        BudgetPolicy.from_config({"ops": {"x": {"norm_l2": 1e-3, "cosine_min": 0.9, "rtool": 1}}})
     with pytest.raises(ConfigError, match="unknown budget config section"):
         BudgetPolicy.from_config({"op": {}})
     with pytest.raises(ConfigError, match="cosine_min must lie"):
@@ -134,3 +134,87 @@ def test_bf16_and_int8_demo_runs_pass_their_defaults(demo_bundles: dict[str, Pat
         rep = accuracy.compare(demo_bundles["ref"], demo_bundles[variant])
         assert rep.counts["fail"] == 0 and rep.counts["warn"] == 0, variant
     assert accuracy.compare(demo_bundles["ref"], demo_bundles["ref2"]).verdict == "pass"
+
+
+# -- budgets on any metric (issue 32): hand-computed on r = [1, 2, 3, 4], t = [1, 2, 3, 4.4] ---------------------
+def _hand_pair(tmp_path: Path, stored: bool = True) -> tuple[Path, Path]:
+    paths = []
+    for name, values in (("ref", [1.0, 2.0, 3.0, 4.0]), ("tgt", [1.0, 2.0, 3.0, 4.4])):
+        w = BundleWriter(tmp_path / f"{name}.bundle")
+        arr = np.array(values, dtype=np.float64)
+        key = "m/aten.mul#0"
+        w.add_array(key, arr)
+        stats = {"numel": 4, "min": float(arr.min()), "max": float(arr.max()), "mean": float(arr.mean()),
+                 "std": float(arr.std()), "l2": float(np.linalg.norm(arr)), "absmax": float(np.abs(arr).max()),
+                 "nan": 0, "inf": 0, "zeros": 0, "sample": values}
+        rec = Record(key=key, module="m", op="aten.mul", index=0, shape=[4], dtype="float64",
+                     tensor=key if stored else None, stats=stats)
+        paths.append(w.close(Manifest(run={"variant": "fp32"}, records=[rec])))
+    return paths[0], paths[1]
+
+
+# max abs 0.4, max rel 0.1, mean rel 0.025, RMSE sqrt(0.16 / 4) = 0.2, one element in four with rel err > 1e-3
+HAND = {"max_abs": 0.4, "max_rel": 0.1, "mean_rel": 0.025, "rmse": 0.2}
+
+
+@pytest.mark.parametrize("metric", sorted(HAND))
+def test_a_budget_on_any_metric_judges_that_metric(tmp_path: Path, metric: str) -> None:
+    ref, tgt = _hand_pair(tmp_path)
+    value = HAND[metric]
+    above = accuracy.compare(ref, tgt, budgets={"ops": {"m/*": {metric: value * 1.01}}}).ops[0]
+    assert above.verdict == "pass" and f"{value:.3g} <= {value * 1.01:.3g}" in above.reason
+    below = accuracy.compare(ref, tgt, budgets={"ops": {"m/*": {metric: value * 0.99}}}).ops[0]
+    assert below.verdict == "fail" and f"{value:.3g} > budget" in below.reason and "override m/*" in below.reason
+    assert below.severity == pytest.approx(1 / 0.99, rel=1e-6)
+
+
+def test_budgets_on_ulp_share_rel_over_cosine_and_norm_together(tmp_path: Path) -> None:
+    ref, tgt = _hand_pair(tmp_path)
+    m = accuracy.compare(ref, tgt).ops[0].metrics
+    assert m.share_rel_over["1e-03"] == 0.25 and m.ulp_max > 0
+    norm = float(np.linalg.norm([0, 0, 0, 0.4]) / np.linalg.norm([1, 2, 3, 4]))
+    assert m.norm_l2 == pytest.approx(norm, rel=1e-12)
+    ok = {"norm_l2": norm * 1.01, "cosine_min": 0.99, "ulp_max": m.ulp_max, "share_rel_over": {"1e-03": 0.25}}
+    assert accuracy.compare(ref, tgt, budgets={"ops": {"m/*": ok}}).ops[0].verdict == "pass"
+    for change in ({"share_rel_over": {"0.001": 0.2}}, {"ulp_max": m.ulp_max * 0.5}, {"norm_l2": norm * 0.5},
+                   {"cosine_min": 0.99999}):
+        op = accuracy.compare(ref, tgt, budgets={"ops": {"m/*": {**ok, **change}}}).ops[0]
+        assert op.verdict == "fail", (change, op.reason)
+
+
+def test_atol_rtol_counts_the_elements_outside_as_torch_testing_does(tmp_path: Path) -> None:
+    import torch
+    ref, tgt = _hand_pair(tmp_path)
+    r, t = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64), torch.tensor([1.0, 2.0, 3.0, 4.4], dtype=torch.float64)
+    for atol, rtol, share, verdict in ((0.01, 0.05, 0.0, "fail"), (0.01, 0.05, 0.25, "pass"), (0.3, 0.05, 0.0, "pass"),
+                                       (0.0, 0.101, 0.0, "pass"), (0.0, 0.099, 0.0, "fail")):
+        outside = 1 - torch.isclose(t, r, rtol=rtol, atol=atol).double().mean().item()  # |t - r| <= atol + rtol |r|
+        op = accuracy.compare(ref, tgt, budgets={"ops": {"m/*": {"atol": atol, "rtol": rtol, "close_share": share}}}).ops[0]
+        assert op.verdict == verdict, (atol, rtol, op.reason)
+        assert f"{outside:.3%} of elements outside" in op.reason
+    (tmp_path / "summary").mkdir()
+    summary_ref, summary_tgt = _hand_pair(tmp_path / "summary", stored=False)
+    op = accuracy.compare(summary_ref, summary_tgt, budgets={"ops": {"m/*": {"atol": 0.3, "rtol": 0.0}}}).ops[0]
+    assert op.verdict == "warn" and "statistics only" in op.reason
+
+
+def test_budget_fields_are_checked_with_what_to_write() -> None:
+    with pytest.raises(ConfigError, match="bounds nothing"):
+        BudgetPolicy.from_config({"ops": {"x": {"atol": 1e-3}}})
+    with pytest.raises(ConfigError, match="threshold '0.5' is not one opband measures"):
+        BudgetPolicy.from_config({"ops": {"x": {"share_rel_over": {"0.5": 0.1}}}})
+    with pytest.raises(ConfigError, match="close_share bounds the elements outside"):
+        BudgetPolicy.from_config({"ops": {"x": {"close_share": 0.1, "max_abs": 1}}})
+    with pytest.raises(ConfigError, match="max_rel must lie in"):
+        BudgetPolicy.from_config({"ops": {"x": {"max_rel": -1}}})
+    with pytest.raises(ConfigError, match="unknown field.*allowed"):
+        BudgetPolicy.from_config({"ops": {"x": {"max_abss": 1}}})
+
+
+def test_a_budget_with_limits_round_trips_through_the_json_report(tmp_path: Path) -> None:
+    from accuracy.report import op_from_dict, op_to_dict
+    ref, tgt = _hand_pair(tmp_path)
+    op = accuracy.compare(ref, tgt, budgets={"ops": {"m/*": {"max_abs": 0.5, "atol": 0.1, "rtol": 0.01}}}).ops[0]
+    d = json.loads(json.dumps(op_to_dict(op), allow_nan=False))  # strict JSON: no Infinity for the unset norm
+    assert d["budget"]["limits"] == {"max_abs": 0.5} and d["budget"]["rtol"] == 0.01
+    assert op_from_dict(d).budget == op.budget
