@@ -128,13 +128,20 @@ def test_dashboard_endpoints(live_server: LiveServer, tmp_path: Path) -> None:
     assert c.delete(f"/api/v1/projects/p/deviations/{dev['id']}",
                     headers={"Authorization": f"Bearer {bot}"}).status_code == 204  # re-opened by a named token
     assert c.patch(f"/api/v1/regressions/{rid}", json={"status": "resolved", "note": "fixed upstream"}).status_code == 200
-    events = c.get("/api/v1/projects/p/regression-events").json()
-    assert events["count"] == 4
-    assert [(e["status"], e["actor"], e["note"]) for e in events["data"]] == [
+    events = c.get("/api/v1/projects/p/regression-events", params={"regression": rid}).json()
+    assert events["count"] == 5
+    assert [(e["status"], e["actor"], e["note"]) for e in events["data"][:4]] == [
         ("resolved", "anonymous", "fixed upstream"), ("active", "ci-bot", f"accepted deviation {dev['id']} withdrawn"),
         ("accepted", "cy", "known"), ("acknowledged", "bo", None)]
+    opened = events["data"][4]  # opband's own: the drift run opened it
+    assert (opened["status"], opened["actor"]) == ("active", f"opband (comparison {drift})")
+    assert opened["note"].startswith("opened: ")
     assert {(e["key"], e["target"]) for e in events["data"]} == {(KEY(3), "fp32@cpu")}
     assert events["data"][2]["expires_at"].startswith("2099-01-01") and events["data"][2]["deviation_id"] == dev["id"]
+    every = c.get("/api/v1/projects/p/regression-events").json()["data"]  # the others: each opened by opband
+    others = [e for e in every if e["regression_id"] != rid]
+    assert len(others) == len(ov["regressions"]) - 1
+    assert all(e["actor"] == f"opband (comparison {drift})" and e["note"].startswith("opened: ") for e in others)
 
     # bad input: a clear 4xx, never a traceback
     assert c.get("/api/v1/projects/p/op-history", params={"key": "nope"}).status_code == 404

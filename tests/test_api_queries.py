@@ -168,6 +168,10 @@ def test_an_expired_or_withdrawn_deviation_opens_its_regression_again(live_serve
         time.sleep(max(0.0, (expires - datetime.now(UTC)).total_seconds()) + 0.2)
         run_pair(c, tmp_path, "x")  # fails after it expired: open again
         assert (reg()["status"], reg()["accepted_by"]) == ("active", None)
+        audit = c.get("/api/v1/projects/x/regression-events", params={"regression": reg()["id"]}).json()["data"]
+        assert [(e["status"], e["actor"].startswith("opband (comparison ")) for e in audit] == [
+            ("active", True), ("accepted", False), ("active", True)]  # newest first: opband re-opened it, as it opened it
+        assert "expired" in audit[0]["note"] and audit[1]["actor"] == "ana"
 
         forever = c.post("/api/v1/projects/x/deviations", json={
             "key_pattern": "model.layers.2.*", "shape_signature": "64", "reason": "r", "author": "bo"}).json()

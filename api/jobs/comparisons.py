@@ -29,14 +29,16 @@ from sqlalchemy import and_, delete, func, insert, or_, select, update
 from sqlalchemy.orm import lazyload
 
 import accuracy
+from accuracy.verdicts import Verdict
 from accuracy.compare import ComparisonPlan, conclude, judge_range, plan_comparison
 from accuracy.errors import OpbandError
 from accuracy.report import op_to_dict
+from api.store.curation import regression_event
 from api.store.db import Database
 from api.jobs import shards
 from api.store.models import (
     AcceptedDeviation, Baseline, BaselineMember, Comparison, ComparisonShard, OpResultRow, Project, Regression, Series,
-    utcnow,
+    aware, utcnow,
 )
 from api.observability import JOB_SECONDS, JOBS_FINISHED
 from api.schemas import SEVERITY_INF
@@ -551,24 +553,26 @@ def _update_regressions(s: Any, job: Comparison, report: accuracy.ComparisonRepo
     now = utcnow()
     deviations = [
         d for d in s.scalars(select(AcceptedDeviation).where(AcceptedDeviation.project_id == job.project_id))
-        if d.expires_at is None or _aware(d.expires_at) > now
+        if d.expires_at is None or aware(d.expires_at) > now
     ]
     by_series = {r.series_id: r for r in s.scalars(select(Regression).where(Regression.project_id == job.project_id))}
     # a comparison older than the one a regression last saw (a late job) changes nothing of it:
     # only a later passing run of the same series resolves it
     seen = {r.last_comparison_id for r in by_series.values()}
     last_seen_at = dict(s.execute(select(Comparison.id, Comparison.created_at).where(Comparison.id.in_(seen))).all())
-    job_at = _aware(job.created_at)
+    job_at = aware(job.created_at)
+    actor = f"opband (comparison {job.id})"
+    changes: list[tuple[Regression, str, str, AcceptedDeviation | None]] = []  # audited after the flush gives ids
     for o in report.ops:
         ser = series[(o.id, o.shape_signature, o.dtype)]
         reg = by_series.get(ser.id)
         if reg is not None and reg.last_comparison_id in last_seen_at \
-                and _aware(last_seen_at[reg.last_comparison_id]) > job_at:
+                and aware(last_seen_at[reg.last_comparison_id]) > job_at:
             continue
         # a module output that only carries its own ops' error is marked inherited by compare; one whose own ops
         # ran another implementation (or were not captured) is local: its boundary is where the error shows
         local = not o.inherited
-        if o.verdict == "fail" and local:
+        if o.verdict == Verdict.FAIL and local:
             match = next((d for d in deviations if fnmatch.fnmatchcase(o.id, d.key_pattern)
                           and d.shape_signature in (None, o.shape_signature)), None)
             if reg is None:
@@ -578,7 +582,9 @@ def _update_regressions(s: Any, job: Comparison, report: accuracy.ComparisonRepo
                                  status="accepted" if match else "active", accepted_by=match.id if match else None)
                 s.add(reg)
                 by_series[ser.id] = reg
+                changes.append((reg, reg.status, "opened: " + o.reason, match))
             else:
+                before = reg.status
                 reopened = reg.status == "resolved"
                 if reopened:
                     reg.status, reg.first_comparison_id = "active", job.id
@@ -588,15 +594,18 @@ def _update_regressions(s: Any, job: Comparison, report: accuracy.ComparisonRepo
                     reg.status, reg.accepted_by = "accepted", match.id
                 elif reg.status == "accepted" and reg.accepted_by is not None:  # its deviation expired: open again
                     reg.status, reg.accepted_by = "active", None
+                    changes.append((reg, "active", "its accepted deviation expired or was withdrawn: " + o.reason, None))
+                if reopened:
+                    changes.append((reg, reg.status, "failed again: " + o.reason, match))
+                elif reg.status == "accepted" and before != "accepted":
+                    changes.append((reg, "accepted", o.reason, match))
                 reg.last_comparison_id, reg.reason, reg.updated_at = job.id, o.reason, now
-        elif o.verdict == "pass" and reg is not None and reg.status in ("active", "acknowledged"):
+        elif o.verdict == Verdict.PASS and reg is not None and reg.status in ("active", "acknowledged"):
             reg.status, reg.last_comparison_id, reg.updated_at = "resolved", job.id, now
-
-
-def _aware(dt: Any) -> Any:
-    from datetime import UTC
-
-    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
+            changes.append((reg, "resolved", "the op passed again", None))
+    if changes:
+        s.flush()  # the new regressions' ids
+        s.add_all(regression_event(reg, status, actor, note, d) for reg, status, note, d in changes)
 
 
 class WorkerPool:

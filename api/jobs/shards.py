@@ -46,7 +46,7 @@ from accuracy.errors import OpbandError
 from accuracy.report import op_from_dict, op_to_dict
 from api.settings import Settings
 from api.store.db import Database
-from api.store.models import Comparison, ComparisonShard, utcnow
+from api.store.models import Comparison, ComparisonShard, aware, utcnow
 
 log = logging.getLogger("opband.jobs")
 
@@ -272,7 +272,7 @@ def give_up_shard(s: Any, db: Database, job_id: str, attempts: int) -> bool:
     shard = s.scalar(q)
     now = utcnow()
     if job is None or shard is None or shard.attempts != attempts or shard.status not in ("pending", "running") \
-            or (shard.status == "running" and shard.lease_until is not None and _aware(shard.lease_until) >= now):
+            or (shard.status == "running" and shard.lease_until is not None and aware(shard.lease_until) >= now):
         return False
     error = (f"gave up after {attempts} attempts: the worker running it stopped (crashed, killed or out of memory) "
              "each time; see the worker logs")
@@ -280,9 +280,3 @@ def give_up_shard(s: Any, db: Database, job_id: str, attempts: int) -> bool:
     fail_comparison(s, job, f"shard {shard.index + 1} of {job.shards} (pairs {shard.start}-{shard.stop}): {error}", now)
     log.warning("shard given up", extra={"job_id": job_id, "attempts": attempts})
     return True
-
-
-def _aware(dt: Any) -> Any:
-    from datetime import UTC
-
-    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)

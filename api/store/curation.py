@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import fnmatch
-from datetime import UTC, datetime
 
 from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
@@ -11,7 +10,7 @@ from sqlalchemy.exc import IntegrityError
 from api.store.db import Database
 from api.errors import Conflict, InvalidInput, NotFound
 from api.store.models import (
-    AcceptedDeviation, Baseline, BaselineMember, Comparison, Project, Regression, RegressionEvent, utcnow,
+    AcceptedDeviation, Baseline, BaselineMember, Comparison, Project, Regression, RegressionEvent, aware, utcnow,
 )
 from api.schemas import BaselinePublic, DeviationCreate, DeviationPublic
 
@@ -83,13 +82,17 @@ def promote(db: Database, project: Project, name: str, comparison_id: str, force
         return _baseline_public(s, b)
 
 
-def _aware(dt: datetime) -> datetime:
-    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
+def regression_event(reg: Regression, status: str, actor: str, note: str | None,
+                     deviation: AcceptedDeviation | None = None) -> RegressionEvent:
+    """The audit row of one change of a regression's status, a person's or opband's own (``actor``)."""
+    return RegressionEvent(project_id=reg.project_id, regression_id=reg.id, status=status, actor=actor,
+                           note=note[:2000] if note else note, deviation_id=deviation.id if deviation else None,
+                           expires_at=deviation.expires_at if deviation else None)
 
 
 def create_deviation(db: Database, project: Project, body: DeviationCreate) -> DeviationPublic:
     """Record an accepted deviation; open regressions it matches become 'accepted' now."""
-    if body.expires_at is not None and _aware(body.expires_at) <= utcnow():
+    if body.expires_at is not None and aware(body.expires_at) <= utcnow():
         raise InvalidInput(f"expires_at {body.expires_at.isoformat()} is in the past: an expired deviation accepts nothing")
     with db.session() as s:
         d = AcceptedDeviation(project_id=project.id, **body.model_dump())
@@ -100,8 +103,7 @@ def create_deviation(db: Database, project: Project, body: DeviationCreate) -> D
                                                       Regression.status.in_(("active", "acknowledged")))):
             if fnmatch.fnmatchcase(reg.key, d.key_pattern) and d.shape_signature in (None, reg.shape_signature):
                 reg.status, reg.accepted_by, reg.updated_at = "accepted", d.id, utcnow()
-                s.add(RegressionEvent(project_id=project.id, regression_id=reg.id, status="accepted", actor=d.author,
-                                      note=d.reason, deviation_id=d.id, expires_at=d.expires_at))
+                s.add(regression_event(reg, "accepted", d.author, d.reason, d))
                 matched += 1
         out = DeviationPublic.model_validate(d)
         out.accepted_regressions = matched
@@ -114,7 +116,7 @@ def list_deviations(db: Database, project: Project, include_expired: bool = Fals
         rows = s.scalars(select(AcceptedDeviation).where(AcceptedDeviation.project_id == project.id)
                          .order_by(AcceptedDeviation.created_at.desc()))
         return [DeviationPublic.model_validate(d) for d in rows
-                if include_expired or d.expires_at is None or _aware(d.expires_at) > now]
+                if include_expired or d.expires_at is None or aware(d.expires_at) > now]
 
 
 def delete_deviation(db: Database, project: Project, deviation_id: int, actor: str = "anonymous") -> None:

@@ -15,6 +15,11 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def aware(dt: datetime) -> datetime:
+    """``dt`` in UTC when it carries no zone (SQLite hands stored datetimes back naive)."""
+    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
+
+
 class Base(DeclarativeBase):
     type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
 

@@ -13,7 +13,7 @@ from sqlalchemy import delete, or_, select, union
 from api.errors import Conflict, InvalidInput, NotFound
 from api.store.blobs import BlobStore
 from api.store.db import Database
-from api.store.models import BaselineMember, BundleRow, Comparison, Project, Regression, utcnow
+from api.store.models import BaselineMember, BundleRow, Comparison, Project, Regression, aware, utcnow
 
 
 def _delete_blobs(store: BlobStore, keys: list[str]) -> None:
@@ -97,7 +97,7 @@ def retention(db: Database, store: BlobStore, project: Project, keep_runs: int, 
         seen: dict[str, int] = {}
         for cid, created, target in rows:
             seen[target] = seen.get(target, 0) + 1
-            young = _aware(created) >= cutoff
+            young = aware(created) >= cutoff
             if seen[target] <= keep_runs or young or cid in held:
                 report.kept_comparisons += 1
             else:
@@ -108,7 +108,7 @@ def retention(db: Database, store: BlobStore, project: Project, keep_runs: int, 
                 if cid not in gone for bid in (ref, tgt)}
         bundles = s.execute(select(BundleRow.id, BundleRow.created_at, BundleRow.storage_key)
                             .where(BundleRow.project_id == project.id)).all()
-        doomed = [(bid, key) for bid, created, key in bundles if bid not in used and _aware(created) < cutoff]
+        doomed = [(bid, key) for bid, created, key in bundles if bid not in used and aware(created) < cutoff]
         report.bundles = [bid for bid, _ in doomed]
         if apply:
             s.execute(delete(Comparison).where(Comparison.id.in_(report.comparisons)))
@@ -116,9 +116,3 @@ def retention(db: Database, store: BlobStore, project: Project, keep_runs: int, 
     if apply:
         _delete_blobs(store, [key for _, key in doomed])
     return report
-
-
-def _aware(dt: Any) -> Any:
-    from datetime import UTC
-
-    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)

@@ -1,7 +1,7 @@
 """regression_events: the audit of who acknowledged, accepted or re-opened a regression, and when
 
 Revision ID: 0004_i11d
-Revises: 0003
+Revises: 0004_i11
 """
 from __future__ import annotations
 
