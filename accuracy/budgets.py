@@ -89,11 +89,7 @@ FLOOR: dict[str, float] = {
 }
 
 #: Propagated mode: errors from every upstream op arrive too, so one budget per dtype, in units
-#: of u, holds for every op class. Measured on the demo decoder (4 layers, propagated): fp32 with
-#: another thread count, another GEMM summation order or SDPA instead of the explicit softmax
-#: differs by at most 2.4e-6 (= 40u) at module level; bf16 reaches 0.022 (= 5.6u), fp16 0.0027
-#: (= 5.5u), int8 dynamic quantization 0.17 (= 43u); a wrong activation in one fp32 layer gives
-#: >= 1e-3 (= 17000u).
+#: of u, holds for every op class (the measurements behind each value: docs/budgets.md).
 PROPAGATED_U: dict[str, float] = {
     "float64": 512.0,
     "float32": 512.0,

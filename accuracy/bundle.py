@@ -142,7 +142,7 @@ class TensorTable(Mapping[str, TensorInfo]):
         cols = {k: np.frombuffer(v, dtype=v.typecode).copy() if len(v) else np.zeros(0, v.typecode)
                 for k, v in self._cols.items()}
         self._cols = {}
-        # read one element at a time through memoryviews: a Python int each, ~4x faster than a numpy scalar
+        # read one element at a time through memoryviews: a Python int each, cheaper than a numpy scalar
         self._name_at = memoryview(np.append(cols["name_at"], len(self._names)))  # name i: bytes [at[i], at[i + 1])
         self.order = np.lexsort((cols["end"], cols["begin"])).astype(np.int32)  # data order, as the buffer is checked
         self.begin, self.end, self.dtype, self.shape = cols["begin"], cols["end"], cols["dtype"], cols["shape"]
@@ -151,7 +151,7 @@ class TensorTable(Mapping[str, TensorInfo]):
         by_hash = np.argsort(cols["hash"], kind="stable")
         self._hash_keys, self._hash_slots = cols["hash"][by_hash], by_hash.astype(np.int32)
         self._hash_col, self._last = memoryview(cols["hash"]), -1
-        # a table of few tensors also keeps a plain dict (and plain columns): lookups in ~0.1 us, not ~5
+        # a table of few tensors also keeps a plain dict (and plain columns): a dict lookup beats a hash search there
         if self._name_list is not None:
             by_name: dict[str, int] = {}
             for slot, name in enumerate(self._name_list):
@@ -254,7 +254,7 @@ class TensorTable(Mapping[str, TensorInfo]):
 #: with the minimal header padding; larger ones stream to disk after a reserved header region.
 SPILL_BYTES = 8 << 20
 #: With a writer thread, data streams after this much already (what is held in memory until then is
-#: a copy the caller's thread makes: 8 MB cost a llama-mid full capture 2-4 ms of its forward); a
+#: a copy the caller's thread makes, on the model's time); a
 #: bundle that ends under ``SPILL_BYTES`` anyway is rewritten without the reservation when it closes.
 BACKGROUND_SPILL_BYTES = 1 << 20
 #: Smallest header region reserved once data streams to disk (the padding costs at most this).
@@ -421,7 +421,7 @@ class BundleWriter:
 
     def _entry(self, name: str, dtype: str, shape: tuple[int, ...], size: int) -> None:
         """Note a tensor's header entry (compact JSON, exactly as ``json.dumps`` of the header writes it)."""
-        self._names.add(hash(name))  # below: what json.dumps(..., separators=(",", ":")) writes, ~5x faster
+        self._names.add(hash(name))  # below: what json.dumps(..., separators=(",", ":")) writes, without its machinery
         dims = ",".join([str(int(d)) for d in shape])
         self._entries += (f',{_json_str(name)}:{{"dtype":"{dtype}","shape":[{dims}],'
                           f'"data_offsets":[{self._offset},{self._offset + size}]}}').encode()
@@ -676,7 +676,7 @@ class Bundle:
         self.manifest = manifest
         self.tensors = tensors
         self._data_start = data_start
-        self._map: mmap.mmap | None = None  # the whole file, mapped once (per-tensor memmaps cost ~70 us each)
+        self._map: mmap.mmap | None = None  # the whole file, mapped once (not one memmap per tensor)
         self._lines = lines  # 2.0 lazy records: (file offset of the records tensor, line starts + end)
         self._newer = newer
         if index is None:

@@ -310,7 +310,7 @@ def parse_manifest_head(text: str) -> tuple[Manifest, RecordsRef | None]:
         raise _schema_error(e, "manifest") from e
 
 
-#: ``Record.model_validate_json`` and ``model_dump_json`` (as bytes) without their wrappers: ~3 µs a record
+#: ``Record.model_validate_json`` and ``model_dump_json`` (as bytes) without their wrappers' per-call cost
 _RECORD_JSON = Record.__pydantic_validator__.validate_json
 _RECORD_DUMP = Record.__pydantic_serializer__.to_json
 

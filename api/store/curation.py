@@ -7,6 +7,7 @@ import fnmatch
 from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 
+from accuracy.verdicts import Verdict
 from api.store.db import Database
 from api.errors import Conflict, InvalidInput, NotFound
 from api.store.models import (
@@ -73,7 +74,7 @@ def promote(db: Database, project: Project, name: str, comparison_id: str, force
             raise NotFound(f"comparison {comparison_id!r} does not exist in project {project.name!r}")
         if c.status != "done":
             raise Conflict(f"comparison {comparison_id} is {c.status}: only a finished comparison can be promoted")
-        if c.verdict == "fail" and not force:
+        if c.verdict == Verdict.FAIL and not force:
             raise Conflict(f"comparison {comparison_id} has verdict fail: accept its deviations first, or send "
                            "force=true to promote it anyway")
         if s.get(BaselineMember, (b.id, c.id)) is None:

@@ -8,6 +8,7 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
+from accuracy.verdicts import Verdict
 from sqlalchemy import func, select
 from sqlalchemy.orm import aliased
 
@@ -84,7 +85,7 @@ def op_groups(db: Database, comparison_id: str, roots: list[OpResultRow], fold: 
         out = []
         for r in roots:
             group = OpGroup(op=OpResultPublic.model_validate(r))
-            if r.verdict in ("fail", "warn") and not r.inherited:
+            if r.verdict in (Verdict.FAIL, Verdict.WARN) and not r.inherited:
                 later = [i for i in local_bad if i > r.index]
                 q = select(OpResultRow).where(OpResultRow.comparison_id == comparison_id,
                                               OpResultRow.inherited.is_(True), OpResultRow.index > r.index)
@@ -167,7 +168,7 @@ def op_history(db: Database, project: Project, key: str, metric: str, target: st
                     comparison_id=cid, created_at=created, label=label, value=_finite(value), verdict=verdict,
                     budget=(budget or {}).get(BAND_OF_METRIC.get(metric, "")), band=band.upper if band else None,
                     band_runs=band.n if band else len([h for h in history if math.isfinite(h)]),
-                    out=verdict in ("fail", "warn"), accepted_in=[n for n, _ in members.get(cid, [])]))
+                    out=verdict in (Verdict.FAIL, Verdict.WARN), accepted_in=[n for n, _ in members.get(cid, [])]))
                 if cid in members and value is not None:
                     history.append(float(value))
                 for name, added in members.get(cid, []):

@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Select, case, func, or_, select
 
 from accuracy import envdiff
-from accuracy.verdicts import TABLE_ORDER
+from accuracy.verdicts import TABLE_ORDER, Verdict
 from api.store.db import Database
 from api.errors import InvalidInput, NotFound
 from api.store.models import BundleRow, Comparison, OpResultRow, Project, Regression, Series
@@ -20,7 +20,7 @@ METRIC_COLUMNS = {
 #: which budget entry bounds each metric (the band drawn under a drift line)
 BAND_OF_METRIC = {"norm_l2": "norm_l2", "cosine": "cosine_min"}
 SORTS = METRIC_COLUMNS | {"index": OpResultRow.index, "key": OpResultRow.key, "worst": OpResultRow.severity}
-VERDICTS = ("pass", "warn", "fail", "new", "missing")
+VERDICTS = tuple(v.value for v in Verdict)  # every verdict name, for filters
 REGRESSION_STATUSES = ("active", "acknowledged", "accepted", "resolved")
 COMPARISON_STATUSES = ("pending", "running", "done", "failed")
 #: ``sort=worst``: the order of the offline table (accuracy ComparisonReport.worst_first): verdict
