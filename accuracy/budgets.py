@@ -287,14 +287,6 @@ def default_budget(op: str, kind: str, dtype: str, mode: str = "propagated", red
     return Budget(norm_l2=limit, cosine_min=cosine_min, source=source, atol=ABS_FLOOR_TINY_U * tiny * u)
 
 
-def budget_table(mode: str = "replay") -> dict[str, dict[str, float]]:
-    """The default norm_l2 budget per dtype and op class (K = 1024 for summing classes)."""
-    classes = ["exact", "elementwise", "reduction", "matmul", "normalization", "attention", "module"]
-    return {d: {c: default_budget(f"aten.{OP_CLASSES[c][0]}" if c in OP_CLASSES else "aten.add",
-                                  "module" if c == "module" else "aten", d, mode, 1024).norm_l2 for c in classes}
-            for d in DTYPES}
-
-
 class BudgetPolicy:
     """Resolves the budget of each op: per-op overrides first (in file order), then the default table."""
 

@@ -59,12 +59,6 @@ def _short(filename: str) -> str:
         return filename
 
 
-def load_spec(spec: str) -> tuple[Any, Any]:
-    """Call the SPEC's function and return ``(model, example_inputs)``."""
-    model, inputs, _ = load_training_spec(spec)
-    return model, inputs
-
-
 def load_training_spec(spec: str) -> tuple[Any, Any, Callable[[Any], Any] | None]:
     """``(model, example_inputs, loss_fn or None)``: a SPEC may return a third item, a function
     from the model's output to a scalar loss (for ``--backward``)."""
