@@ -101,7 +101,6 @@ PROPAGATED_U: dict[str, float] = {
     "int8": 64.0,
     "int4": 8.0,  # u = 1/30: weight-only int4 (w4a16), random-weight GPT-2 logits 0.12 (= 3.5u)
 }
-DTYPES = tuple(PROPAGATED_U)
 
 #: Absolute floor of an op's RMS error, in units of ``tiny x u`` (half the subnormal spacing) of the
 #: target dtype: values that an honest port rounds into or below the subnormal range (a layer scale of
