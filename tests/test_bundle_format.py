@@ -204,9 +204,9 @@ def test_header_that_outgrows_its_reservation(tmp_path: Path, monkeypatch: pytes
 
     from accuracy import bundle as B
 
-    monkeypatch.setattr(B, "MIN_HEADER_RESERVE", 0)
+    monkeypatch.setattr(B.writer, "MIN_HEADER_RESERVE", 0)
     if not in_place:  # file systems without FALLOC_FL_INSERT_RANGE: one copy into a fresh file
-        monkeypatch.setattr(B, "_insert_range", lambda *a: False)
+        monkeypatch.setattr(B.writer, "_insert_range", lambda *a: False)
     monkeypatch.setattr(B.Manifest, "model_dump_json",  # a manifest far larger than the reservation's estimate
                         lambda self, **kw: Manifest.model_validate(self).__class__.__pydantic_serializer__.to_json(
                             self.model_copy(update={"environment": {"notes": "x" * 20000}}), **kw).decode())

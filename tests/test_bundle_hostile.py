@@ -89,7 +89,7 @@ def test_writer_headers_take_the_fast_path_and_free_form_headers_read_the_same(t
 
     decoded: list[str] = []
     real_check = bundle_mod._check_entry
-    monkeypatch.setattr(bundle_mod, "_check_entry", lambda name, entry: (decoded.append(name), real_check(name, entry))[1])
+    monkeypatch.setattr(bundle_mod.header, "_check_entry", lambda name, entry: (decoded.append(name), real_check(name, entry))[1])
     fast = entries(Bundle.open(path))
     assert decoded == ['é ☃ "quoted"']  # only the name with escapes went through the decoder
     assert ("a/aten.mm#0", "F32", (2, 3), 0, 24) in fast and ("scalar", "F64", (), 24, 32) in fast
@@ -161,7 +161,7 @@ def test_a_long_run_of_writer_entries_is_added_in_bounded_pieces(monkeypatch: py
     text = "{" + ",".join(entries) + "}"
     held: list[int] = []
     add = bundle_module._add_canonical
-    monkeypatch.setattr(bundle_module, "_add_canonical", lambda table, run: (held.append(len(run)), add(table, run)))
+    monkeypatch.setattr(bundle_module.header, "_add_canonical", lambda table, run: (held.append(len(run)), add(table, run)))
     tracemalloc.start()
     try:
         _, table = bundle_module._parse_header(text)

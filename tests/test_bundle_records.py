@@ -83,7 +83,7 @@ def test_records_stream_to_disk_behind_large_tensors(tmp_path: Path) -> None:
 @pytest.fixture
 def lazy(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every bundle large: records read from the file, never held."""
-    monkeypatch.setattr(B, "EAGER_RECORDS", 0)
+    monkeypatch.setattr(B.reader, "EAGER_RECORDS", 0)
 
 
 def test_a_large_bundle_reads_records_from_the_file(tmp_path: Path, lazy: None) -> None:
@@ -128,13 +128,13 @@ def test_a_large_bundle_reads_records_from_the_file(tmp_path: Path, lazy: None) 
 def test_hostile_record_lines_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, eager: bool, lines: bytes,
                                           count: int | None, words: str) -> None:
     if not eager:
-        monkeypatch.setattr(B, "EAGER_RECORDS", 0)
+        monkeypatch.setattr(B.reader, "EAGER_RECORDS", 0)
     with pytest.raises(BundleError, match=words.replace("(", r"\(").replace(")", r"\)")):
         Bundle.open(_v2(tmp_path / "h.bundle", lines, count))
 
 
 def test_a_record_line_over_the_limit_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(B, "MAX_RECORD_BYTES", 64)
+    monkeypatch.setattr(B.reader, "MAX_RECORD_BYTES", 64)
     with pytest.raises(BundleError, match="record 0 is longer than 64 bytes"):
         Bundle.open(_v2(tmp_path / "h.bundle", _lines([{**GOOD, "module": "m" * 100}])))
 
@@ -165,7 +165,7 @@ def test_a_2_0_manifest_must_name_its_records_not_list_them(tmp_path: Path) -> N
 def test_lines_written_otherwise_still_read_and_a_newer_minor_drops_unknown_fields(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, eager: bool) -> None:
     if not eager:
-        monkeypatch.setattr(B, "EAGER_RECORDS", 0)
+        monkeypatch.setattr(B.reader, "EAGER_RECORDS", 0)
     other = b'{ "tensor": "a", "dtype": "float32", "shape": [2], "index": 0, "op": "aten.mul", "module": "m",' \
             b' "key": "m/aten.mul#0", "stats": {"numel": 2, "min": "-Infinity"} }\n'
     b = Bundle.open(_v2(tmp_path / "o.bundle", other))
@@ -230,7 +230,7 @@ def test_streamed_comparison_gives_the_same_verdicts(tmp_path: Path, monkeypatch
     ref, tgt = _pair(tmp_path)
     full = accuracy.compare(ref, tgt)
     assert full.first_divergence is not None and full.counts["fail"] and full.counts["pass"] and full.unmatched
-    monkeypatch.setattr(B, "EAGER_RECORDS", 0)
+    monkeypatch.setattr(B.reader, "EAGER_RECORDS", 0)
     monkeypatch.setattr(C, "KEEP_ALL_RESULTS", 0)
     monkeypatch.setattr(C, "JUDGE_BATCH", 5)
     passed: list[C.OpResult] = []
@@ -244,7 +244,7 @@ def test_streamed_comparison_gives_the_same_verdicts(tmp_path: Path, monkeypatch
 @pytest.mark.parametrize("by_key", [False, True], ids=["align", "align_by_key"])
 def test_alignment_on_the_index_matches_alignment_of_records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                              by_key: bool) -> None:
-    monkeypatch.setattr(B, "EAGER_RECORDS", 0)
+    monkeypatch.setattr(B.reader, "EAGER_RECORDS", 0)
     ref_path, tgt_path = _pair(tmp_path)
     ref, tgt = Bundle.open(ref_path), Bundle.open(tgt_path)
     pairs, unmatched = align_bundles(ref, np.arange(ref.index.count), tgt, np.arange(tgt.index.count), by_key=by_key)

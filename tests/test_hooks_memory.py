@@ -107,8 +107,8 @@ def test_a_model_capture_fits_its_reserved_header(tmp_path: Path, monkeypatch: p
     from hooks import capture, demo_model
 
     grown: list[object] = []
-    monkeypatch.setattr(B, "_insert_range", lambda *a: grown.append(a) or False)
-    monkeypatch.setattr(B, "_relocate", lambda *a: grown.append(a) or pytest.fail("header outgrew its reservation"))
+    monkeypatch.setattr(B.writer, "_insert_range", lambda *a: grown.append(a) or False)
+    monkeypatch.setattr(B.writer, "_relocate", lambda *a: grown.append(a) or pytest.fail("header outgrew its reservation"))
     model, (x,) = demo_model.build_large()
     path = tmp_path / "large.bundle"
     with torch.no_grad(), capture(model, path, level="aten", mode="full", progress=False) as cap:
