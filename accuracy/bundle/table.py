@@ -11,26 +11,14 @@ from typing import Any
 
 import numpy as np
 
+from accuracy.capture_format import BY_TAG
 from accuracy.errors import BundleError
 
 
-#: safetensors dtype tag -> (numpy storage dtype, element size). BF16 and F8 are stored raw.
-DTYPES: dict[str, tuple[np.dtype, int]] = {
-    "F64": (np.dtype("<f8"), 8),
-    "F32": (np.dtype("<f4"), 4),
-    "F16": (np.dtype("<f2"), 2),
-    "BF16": (np.dtype("<u2"), 2),
-    "F8_E4M3": (np.dtype("u1"), 1),
-    "F8_E5M2": (np.dtype("u1"), 1),
-    "I64": (np.dtype("<i8"), 8),
-    "I32": (np.dtype("<i4"), 4),
-    "I16": (np.dtype("<i2"), 2),
-    "I8": (np.dtype("i1"), 1),
-    "U8": (np.dtype("u1"), 1),
-    "BOOL": (np.dtype("?"), 1),
-}
-
-
+#: safetensors dtype tag -> (numpy storage dtype, element size), from the format's one registry
+#: (:data:`accuracy.capture_format.BY_TAG`, in tag-code order). BF16 and F8 are stored raw.
+DTYPES: dict[str, tuple[np.dtype, int]] = {tag: (d.storage, d.itemsize) for tag, d in BY_TAG.items()
+                                           if d.storage is not None}
 _TAG_NAMES: tuple[str, ...] = tuple(DTYPES)
 
 
@@ -38,13 +26,7 @@ _TAG_CODES = {tag: code for code, tag in enumerate(_TAG_NAMES)}
 
 
 #: Record dtype name -> the tag its tensor must be stored with (quantized dtypes store F32 values).
-RECORD_DTYPE_TAG: dict[str, str] = {
-    "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "float8_e4m3fn": "F8_E4M3",
-    "float8_e5m2": "F8_E5M2", "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8",
-    "bool": "BOOL",
-}
-
-
+RECORD_DTYPE_TAG: dict[str, str] = {d.name: tag for tag, d in BY_TAG.items()}
 _META_FORMAT = "format"
 
 
