@@ -86,7 +86,12 @@ def test_wide_kernel_summarises_as_the_narrow_one(monkeypatch: pytest.MonkeyPatc
             out.append(head)
         heads[wide] = out
     if fused._wide_target(*fused._numba_target()):  # this CPU runs 512-bit vectors: the main loop uses them
-        assert zmm[True] > zmm[False] + 50, zmm
+        import llvmlite.binding
+        if llvmlite.binding.get_host_cpu_name() in ("znver4", "znver5"):
+            # LLVM's tuning for these already prefers 512-bit vectors: the narrow kernel is as wide
+            assert zmm[True] >= zmm[False] > 50, zmm
+        else:
+            assert zmm[True] > zmm[False] + 50, zmm
     for x, narrow, wide_head in zip(arrays, heads[False], heads[True]):
         exact = [0, 1, 4, 5, 6, 7]  # lo, hi, nan, inf, zeros, finite count
         assert np.array_equal(narrow[exact], wide_head[exact])
