@@ -13,7 +13,7 @@ from api.errors import Unavailable
 from api.jobs.comparisons import WorkerPool
 from api.store.models import Comparison
 from api.settings import Settings
-from api.store.blobs import BlobStore, make_store
+from api.store.blobs import BlobStore, store_from_settings
 
 
 @dataclass
@@ -27,7 +27,7 @@ class Services:
     def open(cls, settings: Settings) -> Services:
         db = Database(settings)
         check_schema(db.engine)
-        store = make_store(settings.effective_store_url, settings.s3_endpoint_url)
+        store = store_from_settings(settings)
         return cls(settings, db, store, WorkerPool(db, store, settings))
 
     @property

@@ -12,9 +12,9 @@ from opband.cli_common import DataDir, fail, open_db, settings_from_flags
 
 
 def _store(settings):  # type: ignore[no-untyped-def]
-    from api.store.blobs import make_store
+    from api.store.blobs import store_from_settings
 
-    return make_store(settings.effective_store_url, settings.s3_endpoint_url)
+    return store_from_settings(settings)
 
 
 def db_upgrade(data_dir: DataDir = Path(".opband"), revision: str = "head") -> None:

@@ -130,7 +130,7 @@ def worker(
 
     from api.jobs.comparisons import run_worker_forever
     from api.observability import configure_logging
-    from api.store.blobs import make_store
+    from api.store.blobs import store_from_settings
 
     settings = settings_from_flags(data_dir=data_dir)
     configure_logging(settings)
@@ -140,7 +140,7 @@ def worker(
     typer.echo(f"opband worker on {db.engine.url.render_as_string(hide_password=True)}", err=True)
     _serve_worker_metrics(db, settings, metrics_port if metrics_port is not None else settings.worker_metrics_port)
     try:
-        run_worker_forever(db, make_store(settings.effective_store_url, settings.s3_endpoint_url), settings,
+        run_worker_forever(db, store_from_settings(settings), settings,
                            should_stop=lambda: bool(stopping))
     except KeyboardInterrupt:
         pass

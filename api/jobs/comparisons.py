@@ -228,13 +228,13 @@ def _alive(pid: int) -> bool:
 
 def _child_job(settings: Settings, job_id: str, name: str, worker_pid: int) -> str:
     from api.observability import configure_logging
-    from api.store.blobs import make_store
+    from api.store.blobs import store_from_settings
 
     _exit_with_worker(worker_pid)
     configure_logging(settings)
     db = Database(settings)
     try:
-        return _run_job(db, make_store(settings.effective_store_url, settings.s3_endpoint_url), settings, job_id, name)
+        return _run_job(db, store_from_settings(settings), settings, job_id, name)
     finally:
         db.dispose()
 

@@ -8,7 +8,10 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import TYPE_CHECKING, BinaryIO, Protocol
+
+if TYPE_CHECKING:
+    from api.settings import Settings
 
 CHUNK = 1 << 20
 
@@ -97,3 +100,8 @@ def make_store(url: str, endpoint_url: str | None = None) -> BlobStore:
 
         return S3Store(url, endpoint_url)
     return LocalStore(url.removeprefix("file://"))
+
+
+def store_from_settings(settings: Settings) -> BlobStore:
+    """The blob store the settings name (``OPBAND_STORE_URL`` or the data folder; S3 endpoint if set)."""
+    return make_store(settings.effective_store_url, settings.s3_endpoint_url)
