@@ -9,6 +9,7 @@ recycled, and never for op inputs (replay needs each input in its own shape).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -84,15 +85,17 @@ class Recycler(nn.Module):
     """Frees an op's output, then fills memory that may sit at the same address through an op
     capture does not record (``clone``): a match by address alone would hand back ``2x``."""
 
-    def __init__(self) -> None:
+    def __init__(self, settle: Callable[[], None] = lambda: None) -> None:
         super().__init__()
         self.addresses: tuple[int, int] = (0, 0)
+        self.settle = settle
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = x * 3.0
         a = x * 2.0
         first = a.data_ptr()
         del a
+        self.settle()  # the bundle writer lets go of ``a`` first, as it may on an idle machine
         b = y.clone()
         self.addresses = (first, b.data_ptr())
         return b
@@ -107,9 +110,15 @@ def test_a_recycled_address_is_not_mistaken_for_the_freed_output(engine: str, tm
     # the observer holds an output until Python hands it to the writer: after every op here, so the
     # freed output's memory can come back within the forward, as under the dispatch mode
     monkeypatch.setattr(observer, "HAND_BYTES", 1)
-    model, recycled = Recycler(), 0
-    for rep in range(16):  # at least 4 rounds; more until the allocator has recycled an address (timing:
-        for n in (1 << 12, 1 << 13, 1 << 14, 1 << 15, 1 << 16, 1 << 17, 1 << 18):  # a busy machine delays frees)
+
+    def writer_done() -> None:  # the writer thread holds what it was handed until it wrote it
+        mode = observer.active()
+        if mode is not None:
+            mode.rec.writer.drain()
+
+    model, recycled = Recycler(writer_done), 0
+    for rep in range(16):  # at least 4 rounds; more until the allocator has recycled an address
+        for n in (1 << 12, 1 << 13, 1 << 14, 1 << 15, 1 << 16, 1 << 17, 1 << 18):
             x = torch.randn(n)
             out, _, b = _capture(model, x, tmp_path / f"{n}-{rep}.bundle")
             recycled += model.addresses[0] == model.addresses[1]

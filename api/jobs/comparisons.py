@@ -429,18 +429,28 @@ class WorkerPool:
         self._threads.clear()
 
     def _loop(self) -> None:
-        name = worker_name()
-        while not self._stop.is_set():
-            try:
-                job_id = claim_next(self.db, self.settings, name)
-            except Exception:  # noqa: BLE001 - database hiccup: log, back off, retry
-                log.exception("claiming a job failed")
-                job_id = None
-            if job_id is None:
-                self._wake.wait(self.poll_seconds)
-                self._wake.clear()
-                continue
-            run_job(self.db, self.store, self.settings, job_id, name)
+        def idle(seconds: float) -> None:
+            self._wake.wait(seconds)
+            self._wake.clear()
+
+        work(self.db, self.store, self.settings, worker_name(), self._stop.is_set, idle, self.poll_seconds)
+
+
+def work(db: Database, store: BlobStore, settings: Settings, name: str, should_stop: Callable[[], bool],
+         idle: Callable[[float], None], poll_seconds: float) -> None:
+    """One worker's loop, in a thread or a process: claim a job and run it until ``should_stop``; idle
+    ``poll_seconds`` when the queue is empty, at least a second after a database error."""
+    while not should_stop():
+        try:
+            job_id = claim_next(db, settings, name)
+        except Exception:  # noqa: BLE001 - database hiccup or restart: log, back off, retry
+            log.exception("claiming a job failed", extra={"worker": name})
+            idle(max(poll_seconds, 1.0))
+            continue
+        if job_id is None:
+            idle(poll_seconds)
+            continue
+        run_job(db, store, settings, job_id, name)
 
 
 def run_worker_forever(db: Database, store: BlobStore, settings: Settings,
@@ -451,14 +461,4 @@ def run_worker_forever(db: Database, store: BlobStore, settings: Settings,
     name = worker_name()
     start_job_processes(settings, wait=True)
     log.info("worker started", extra={"worker": name})
-    while not should_stop():
-        try:
-            job_id = claim_next(db, settings, name)
-        except Exception:  # noqa: BLE001 - database restarting: back off and retry
-            log.exception("claiming a job failed", extra={"worker": name})
-            time.sleep(max(poll_seconds, 1.0))
-            continue
-        if job_id is None:
-            time.sleep(poll_seconds)
-            continue
-        run_job(db, store, settings, job_id, name)
+    work(db, store, settings, name, should_stop, time.sleep, poll_seconds)
