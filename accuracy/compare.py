@@ -231,7 +231,7 @@ def conclude(plan: ComparisonPlan, results: list[OpResult] | Tally) -> Compariso
     apply_fdr(results, cfg)
     results += [unmatched_result(u) for u in unmatched]
     local_everywhere = mode == "replay" or (mode == "golden" and replayed)
-    generation = compare_generations(ref.manifest.run, tgt.manifest.run)
+    generation = compare_generations(ref.manifest.run, tgt.manifest.run, (_tensor_source(ref), _tensor_source(tgt)))
     judged_ops = _after_token_divergence(results, generation)
     first = mark_first_divergence(judged_ops, local_everywhere, _dataflow(plan),
                                   _paired_reference_ids(plan) if passes else None)
@@ -252,6 +252,11 @@ def conclude(plan: ComparisonPlan, results: list[OpResult] | Tally) -> Compariso
         history={"target": tname, "ops_with_bands": sum(1 for r in results if r.bands)} if hist is not None else None,
         parameters=diffs, notes=notes, passes_not_listed=passes, generation=generation,
     )
+
+
+def _tensor_source(bundle: Bundle) -> Callable[[str], np.ndarray | None]:
+    """Read a tensor of ``bundle`` by name, None when it holds none of that name."""
+    return lambda name: bundle.values(name) if name in bundle.tensors else None
 
 
 def _parameter_diffs(plan: ComparisonPlan) -> tuple[list[ParameterDifference], str | None]:

@@ -169,7 +169,7 @@ def headline(report: ComparisonReport) -> str:
     if report.generation is not None:
         line += f"\nTOKENS | {report.generation.sentence()}"
     if fd is not None:
-        step = f", step {fd.step}" if fd.step else ""
+        step = _step_words(report, fd.step)
         line += f"\n{'FAILED' if fd.verdict == Verdict.FAIL else 'WARNING'} | first divergence: {fd.id} " \
                 f"({op_words(fd.key, fd.op)}, module {fd.module or '<root>'}{step}, input shapes {fd.shape_signature}) " \
                 f"| {fd.reason}"
@@ -202,6 +202,31 @@ def headline(report: ComparisonReport) -> str:
         line += f"\nNote: {len(relaid)} ops had different memory layouts ({', '.join(pairs[:3])}); values were " \
                 "compared by logical index."
     return line
+
+
+def _step_words(report: ComparisonReport, step: int) -> str:
+    """``, step N`` (a generation's: prefill or decode, with the token position it computes)."""
+    gen = report.generation
+    if gen is None:
+        return f", step {step}" if step else ""
+    st = gen.steps[step] if step < len(gen.steps) else None
+    where = f", token position {st.position}" if st is not None and st.position is not None else ""
+    return f", step {step} ({'prefill' if step == 0 else 'decode'}{where})"
+
+
+#: the per-step columns of a generation's token table (Markdown and HTML)
+GENERATION_COLUMNS = ("step", "position", "argmax agreement", "top-k overlap", "log-prob drop", "KL (nats)",
+                      "reference tokens", "target tokens")
+
+
+def generation_rows(report: ComparisonReport) -> list[list[str]]:
+    """The generation's steps as table cells (:data:`GENERATION_COLUMNS`); empty without a generation."""
+    gen = report.generation
+    if gen is None:
+        return []
+    return [[str(s.step), "-" if s.position is None else str(s.position), f"{s.argmax_agreement:.0%}",
+             f"{s.topk_overlap:.0%}", fmt(s.logprob_drop), fmt(s.kl), " ".join(map(str, s.reference_tokens)),
+             " ".join(map(str, s.target_tokens))] for s in gen.steps]
 
 
 def op_words(key: str, op: str) -> str:
@@ -309,6 +334,11 @@ def to_markdown(report: ComparisonReport, limit: int | None = 50) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     if limit and len(rows) > limit:
         lines += ["", f"... {len(rows) - limit} more ops: the JSON and HTML reports list every op."]
+    steps = generation_rows(report)
+    if steps:
+        lines += ["", "### generation, step by step", "", "| " + " | ".join(GENERATION_COLUMNS) + " |",
+                  "|---" * len(GENERATION_COLUMNS) + "|"]
+        lines += ["| " + " | ".join(row) + " |" for row in steps]
     if report.unmatched:
         lines += ["", f"{len(report.unmatched)} unmatched record(s):", ""]
         lines += [f"- `{u.record.id}` ({u.side}): {u.reason}" for u in report.unmatched[:limit]]
@@ -405,6 +435,11 @@ def to_html(report: ComparisonReport, limit: int | None = None) -> str:
             f"{metrics}<td>{esc(fmt(limit_of(o)))}</td><td>{hist}</td><td>{esc(o.reason)}</td></tr>"
         )
     head = "".join(f"<th>{m}</th>" for m in TABLE_METRICS)
+    steps = generation_rows(report)
+    generation = ("<h2>generation, step by step</h2><table id=\"generation\"><thead><tr>"
+                  + "".join(f"<th>{c}</th>" for c in GENERATION_COLUMNS) + "</tr></thead><tbody>"
+                  + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in steps)
+                  + "</tbody></table>") if steps else ""
     cut = f" (the worst {len(shown)} of {len(ops)})" if len(shown) < len(ops) else ""
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>opband report: {esc(report.verdict)}</title>
@@ -413,6 +448,7 @@ def to_html(report: ComparisonReport, limit: int | None = None) -> str:
 <p>target <b>{esc(run_title(report.target))}</b> vs reference <b>{esc(run_title(report.reference))}</b>, {esc(report.mode)} mode</p>
 {_runs_html(report)}
 <pre>{esc(headline(report))}</pre>
+{generation}
 <h2>ops, worst first: {len(shown)}{cut}</h2>
 <div id="pager" hidden><button id="prev">previous</button><span id="page"></span><button id="next">next</button></div>
 <table id="ops"><thead><tr><th>verdict</th><th>op key</th><th>input shapes</th><th>dtype</th>{head}<th>{THRESHOLD}</th><th>|error| histogram</th><th>reason</th></tr></thead>

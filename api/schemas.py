@@ -119,6 +119,8 @@ class ComparisonPublic(BaseModel):
     verdict: str | None
     counts: dict[str, Any]
     first_divergence: dict[str, Any] | None
+    generation: dict[str, Any] | None = Field(default=None, description="both runs generated: per step (0 the "
+                                              "prefill) argmax agreement, top-k overlap, log-prob drop, KL, tokens")
     unmatched: int
     error: str | None
     attempts: int

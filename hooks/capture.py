@@ -182,6 +182,17 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
                 rec.record(kind, module, op, key, ordinal, tensor, [tensor])
                 rec.settle_background()  # on disk before the caller's unseen ops (a gradient clip) write into it
 
+    def add_tensor(self, name: str, tensor: torch.Tensor) -> None:
+        """Store ``tensor`` in the bundle under ``name`` (no record names it: e.g. a generation step's
+        log-probabilities), whatever the capture mode; a name the bundle refuses raises ``ValueError``."""
+        rec = self._recorder
+        assert rec is not None, "call add_tensor() inside the with block"
+        if not rec.active or rec.forked:
+            return
+        with self.paused():
+            host = tensor.detach().to("cpu", torch.float32).contiguous()
+            rec.add_tensor(name, host)
+
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if self._mode is not None:
             self._mode.__exit__(exc_type, exc, tb)

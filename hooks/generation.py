@@ -4,7 +4,9 @@ Under capture with ``call_steps`` each call of the model is one step: the prefil
 decode step per further token over the KV cache. :func:`generate` runs the greedy generation and
 returns what the manifest keeps of it (``run["generation"]``): the prompt's length, the tokens each
 step chose, and each step's top-k token ids and log-probabilities, read by a logits processor
-outside the recorded ops. With ``teacher`` (the tokens of a reference generation) each step is
+outside the recorded ops, and each step's full log-probabilities as bundle tensors named
+:func:`accuracy.generation.logprobs_name` (``keep``), from which the comparison computes the KL divergence
+of the target's next-token distribution from the reference's. With ``teacher`` (the tokens of a reference generation) each step is
 made to choose the reference's token, so a target whose greedy choice would differ still receives
 the reference's inputs at every step and stays comparable op by op.
 """
@@ -16,6 +18,8 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Callable
 
 import torch
+
+from accuracy.generation import logprobs_name
 
 #: token ids and log-probabilities kept per step and sequence
 TOP_K = 5
@@ -41,8 +45,9 @@ class _StepLog:
     """A ``LogitsProcessor``: reads each step's scores (top-k, the chosen token) and, teacher forcing,
     makes the step choose the teacher's token. Its torch work runs unrecorded (``paused``)."""
 
-    def __init__(self, teacher: list[list[int]] | None, paused: Callable[[], AbstractContextManager[None]]) -> None:
-        self.teacher, self.paused = teacher, paused
+    def __init__(self, teacher: list[list[int]] | None, paused: Callable[[], AbstractContextManager[None]],
+                 keep: Callable[[str, torch.Tensor], None] | None = None) -> None:
+        self.teacher, self.paused, self.keep = teacher, paused, keep
         self.steps: list[dict[str, Any]] = []
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
@@ -51,6 +56,8 @@ class _StepLog:
             logp = torch.log_softmax(scores.float(), dim=-1)
             top = logp.topk(min(TOP_K, logp.shape[-1]), dim=-1)
             chosen = scores.argmax(-1)
+            if self.keep is not None:
+                self.keep(logprobs_name(step), logp)
             entry = {"top_ids": top.indices.tolist(), "top_logprobs": [[round(v, 6) for v in row]
                                                                        for row in top.values.tolist()],
                      "argmax": chosen.tolist()}
@@ -64,9 +71,11 @@ class _StepLog:
 
 
 def generate(model: torch.nn.Module, inputs: Any, new_tokens: int, teacher: list[list[int]] | None = None,
-             paused: Callable[[], AbstractContextManager[None]] = nullcontext) -> dict[str, Any]:
+             paused: Callable[[], AbstractContextManager[None]] = nullcontext,
+             keep: Callable[[str, torch.Tensor], None] | None = None) -> dict[str, Any]:
     """Greedy ``model.generate`` of exactly ``new_tokens`` tokens (forced to ``teacher``'s tokens when given);
-    returns ``run["generation"]``: prompt length, the generated tokens per sequence, per-step top-k."""
+    returns ``run["generation"]``: prompt length, the generated tokens per sequence, per-step top-k.
+    ``keep(name, logprobs)`` (``capture.add_tensor``) stores each step's log-probabilities (sequences x vocab)."""
     from transformers import LogitsProcessorList
 
     kwargs = generation_kwargs(inputs)
@@ -74,7 +83,7 @@ def generate(model: torch.nn.Module, inputs: Any, new_tokens: int, teacher: list
     if teacher is not None and prompt is not None and len(teacher) != prompt.shape[0]:
         raise ValueError(f"--teacher-force: the reference generated {len(teacher)} sequences, this run's inputs "
                          f"hold {prompt.shape[0]}: capture both with the same SPEC")
-    log = _StepLog(teacher, paused)
+    log = _StepLog(teacher, paused, keep)
     pad = getattr(getattr(model, "generation_config", None), "pad_token_id", None)
     out = model.generate(**kwargs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
                          num_beams=1, logits_processor=LogitsProcessorList([log]),
@@ -84,7 +93,7 @@ def generate(model: torch.nn.Module, inputs: Any, new_tokens: int, teacher: list
     start = 1 if is_encoder_decoder else (prompt.shape[-1] if prompt is not None else 0)
     return {"new_tokens": new_tokens, "prompt_length": int(prompt.shape[-1]) if prompt is not None else None,
             "encoder_decoder": is_encoder_decoder, "teacher_forced": teacher is not None,
-            "tokens": sequences[:, start:].tolist(), "steps": log.steps}
+            "tokens": sequences[:, start:].tolist(), "steps": log.steps, "logprobs": keep is not None}
 
 
 def reference_tokens(manifest_run: Mapping[str, Any], source: str) -> list[list[int]]:

@@ -357,6 +357,15 @@ class Recorder:
         self.tensor_bytes += self.writer.bytes_written - before
         return refused
 
+    def add_tensor(self, name: str, host: torch.Tensor) -> None:
+        """Store a contiguous float32 CPU tensor that no record names (``capture.add_tensor``), in any mode."""
+        if self.write_error is not None:
+            return
+        self.settle_background()
+        if self._write_host(name, "F32", tuple(host.shape), host.reshape(-1)):
+            self.tensor_bytes += host.numel() * 4
+            self.writer.drain()  # the caller's buffer may be freed as soon as this returns
+
     def _write_host(self, name: str, tag: str, shape: tuple[int, ...], flat: torch.Tensor) -> bool:
         """Hand a flat contiguous CPU tensor to the writer (its memory is read later: see
         :meth:`settle_background`); False when the writer thread failed earlier."""

@@ -155,7 +155,7 @@ def _capture_generation(model: torch.nn.Module, inputs: Any, out: str | os.PathL
                          f"{type(model).__name__}")
     with torch.no_grad(), capture(model, out, level=level, mode=mode, run=run, call_steps=True, **options) as cap:
         try:
-            run["generation"] = generate(model, inputs, new_tokens, teacher, cap.paused)
+            run["generation"] = generate(model, inputs, new_tokens, teacher, cap.paused, cap.add_tensor)
         except ValueError:
             cap.abort()
             raise

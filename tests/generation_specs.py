@@ -59,3 +59,36 @@ def llama_static() -> tuple[torch.nn.Module, dict[str, Any]]:
     model, inputs = llama()
     model.generation_config.cache_implementation = "static"
     return model, inputs
+
+
+class PositionsRestart(torch.nn.Module):
+    """From decode step ``bad_step`` on, position ids restart at 0: a port that forgets the cache length."""
+
+    def __init__(self, inner: torch.nn.Module, bad_step: int, attr: str) -> None:
+        super().__init__()
+        self.inner, self.bad_step, self.attr = inner, bad_step, attr
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        name = "position_ids" if self.attr == "rotary" else "input"
+        args, pos = (args[:-1], args[-1]) if len(args) > (self.attr == "rotary") else (args, kwargs.pop(name))
+        if pos.shape[-1] == 1 and int(pos.flatten()[0]) >= PROMPT - 1 + self.bad_step:
+            pos = torch.zeros_like(pos)
+        return self.inner(*args, pos, **kwargs)
+
+
+def break_positions(model: torch.nn.Module, name: str, bad_step: int) -> str:
+    """Break the decode path's positions of ``model`` from ``bad_step``; the path of the module that breaks."""
+    if name == "llama":
+        path = "model.rotary_emb"
+        model.model.rotary_emb = PositionsRestart(model.model.rotary_emb, bad_step, "rotary")
+    else:
+        path = "transformer.wpe"
+        model.transformer.wpe = PositionsRestart(model.transformer.wpe, bad_step, "embedding")
+    return path
+
+
+def llama_positions_bug() -> tuple[torch.nn.Module, dict[str, Any]]:
+    """:func:`llama` whose decode steps from the 4th on compute rotary positions from 0 (a forgotten cache length)."""
+    model, inputs = llama()
+    break_positions(model, "llama", 4)
+    return model, inputs

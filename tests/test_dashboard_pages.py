@@ -70,6 +70,9 @@ def site(tmp_path_factory: pytest.TempPathFactory, demo_bundles: dict[str, Path]
 
     tmp = tmp_path_factory.mktemp("dashboard")
     bug = run_capture("hooks.demo_faults:build_fast_sigmoid_bug", tmp / "bug.bundle", device="cpu")
+    specs = Path(__file__).parent / "generation_specs.py"
+    gen = {k: run_capture(f"{specs}:{fn}", tmp / f"gen-{k}.bundle", device="cpu", generate=8)
+           for k, fn in (("ref", "llama"), ("bug", "llama_positions_bug"))}
     server = start_server(tmp / "data", f"sqlite:///{tmp / 'opband.db'}", {"OPBAND_AUTH": "true"})
     try:
         write = create_token(server, "demo")
@@ -87,6 +90,12 @@ def site(tmp_path_factory: pytest.TempPathFactory, demo_bundles: dict[str, Path]
             ids["demo_bf16"] = _compare(c, "demo", b["ref"], b["bf16"], write)
             ids["demo_int8"] = _compare(c, "demo", b["ref"], b["int8"], write)
             ids["demo_bug"] = _compare(c, "demo", b["ref"], b["bug"], write)
+            gen_token = create_token(server, "generation")
+            assert c.patch("/api/v1/projects/generation", json={"public": True},
+                           headers={"Authorization": f"Bearer {gen_token}"}).status_code == 200
+            g = {k: _upload(c, "generation", path, gen_token, (f"gen {k}", "llama-generate", []))
+                 for k, path in gen.items()}
+            ids["generation"] = _compare(c, "generation", g["ref"], g["bug"], gen_token)
             ref = _upload(c, "synth", write_bundle(tmp / "ref.bundle", SYNTH_OPS), synth_token)
             assert c.post("/api/v1/projects/synth/baselines", json={"name": "main"},
                           headers={"Authorization": f"Bearer {synth_token}"}).status_code == 201
@@ -232,6 +241,24 @@ def test_comparison_header_env_diff_filters_and_folding(site: Site, page, artifa
     assert child.is_visible()
     assert {"threads", "torch"} <= set(page.locator("#env-summary .chip").all_text_contents())
     _shot(page, artifacts_dir, "comparison")
+
+
+def test_a_generations_comparison_shows_its_steps_and_the_step_that_diverged(site: Site, page, artifacts_dir: Path) -> None:
+    """Rotary positions restart at 0 from decode step 4: the first divergence names that step and its token
+    position; the step table shows the next-token KL rising there, from nothing before it."""
+    cid = site.ids["generation"]
+    gen = _api(site, f"/comparisons/{cid}")["generation"]
+    assert gen is not None and len(gen["steps"]) == 8
+    page.goto(f"{site.server.url}/#/comparison/{cid}")
+    page.wait_for_selector("#generation tbody tr")
+    assert page.locator("#generation tbody tr").count() == 8
+    prompt = 6
+    assert page.locator("#fd-step").inner_text() == f"at step 4 (decode, token position {prompt + 4})"
+    kl = [st["kl"] for st in gen["steps"]]
+    assert max(kl[:4]) < 1e-6 < 1e-3 < kl[4], kl
+    cells = page.locator("#generation tbody tr").nth(4).locator("td").all_inner_texts()
+    assert cells[:2] == ["4", str(prompt + 4)] and cells[5] != "0"
+    _shot(page, artifacts_dir, "comparison-generation")
 
 
 def test_op_page_history_band_budget_histogram_and_stats(site: Site, page, artifacts_dir: Path) -> None:

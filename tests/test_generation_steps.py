@@ -62,7 +62,7 @@ def _generate(model: torch.nn.Module, path: Path, variant: str = "fp32", threads
             torch.set_num_threads(threads)
         with torch.no_grad(), capture(model, path, level="aten", mode="summary", progress=False, call_steps=True,
                                       run=run) as cap:
-            run["generation"] = generate(model, inputs, NEW_TOKENS, teacher, cap.paused)
+            run["generation"] = generate(model, inputs, NEW_TOKENS, teacher, cap.paused, cap.add_tensor)
     finally:
         torch.set_num_threads(before)
         os.environ.pop("OPBAND_OBSERVER", None)
@@ -100,6 +100,10 @@ def test_honest_ports_of_a_generation_fail_nothing(reference: tuple[str, Path], 
     fd = report.first_divergence
     assert report.counts[Verdict.FAIL] == 0 and report.counts[Verdict.WARN] == 0, (fd.id, fd.reason) if fd else None
     assert report.counts[Verdict.MISSING] == 0  # the port's extra casts are "new"; no reference op lost its partner
+    gen = report.generation
+    assert gen is not None and all(st.kl is not None for st in gen.steps)  # both bundles hold each step's log-probs
+    kl = gen.max_kl
+    assert kl is not None and 0.0 <= kl < (1e-6 if case == "threads" else 0.05), kl  # same distribution, near enough
     if case == "threads":
         assert report.counts[Verdict.NEW] == 0
     pairs, unmatched = align(list(Bundle.open(ref).records), list(Bundle.open(tgt).records))
@@ -117,38 +121,12 @@ def test_both_engines_write_the_same_stepped_keys(reference: tuple[str, Path], t
     assert observed == dispatched
 
 
-class _PositionsRestart(torch.nn.Module):
-    """From decode step ``bad_step`` on, position ids restart at 0: a port that forgets the cache length."""
-
-    def __init__(self, inner: torch.nn.Module, bad_step: int, attr: str) -> None:
-        super().__init__()
-        self.inner, self.bad_step, self.attr = inner, bad_step, attr
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        name = "position_ids" if self.attr == "rotary" else "input"
-        args, pos = (args[:-1], args[-1]) if len(args) > (self.attr == "rotary") else (args, kwargs.pop(name))
-        if pos.shape[-1] == 1 and int(pos.flatten()[0]) >= PROMPT - 1 + self.bad_step:
-            pos = torch.zeros_like(pos)
-        return self.inner(*args, pos, **kwargs)
-
-
-def _break_positions(model: torch.nn.Module, name: str, bad_step: int) -> str:
-    """Break the decode path's positions of ``model`` from ``bad_step``; the path of the module that breaks."""
-    if name == "llama":
-        path = "model.rotary_emb"
-        model.model.rotary_emb = _PositionsRestart(model.model.rotary_emb, bad_step, "rotary")
-    else:
-        path = "transformer.wpe"
-        model.transformer.wpe = _PositionsRestart(model.transformer.wpe, bad_step, "embedding")
-    return path
-
-
 @pytest.mark.parametrize("bad_step", [4])
 def test_a_decode_only_positions_bug_is_named_at_its_module_and_step(reference: tuple[str, Path], tmp_path: Path,
                                                                       bad_step: int) -> None:
     name, ref = reference
     model = MODELS[name]()
-    module = _break_positions(model, name, bad_step)
+    module = generation_specs.break_positions(model, name, bad_step)
     tgt = tmp_path / "bug.bundle"
     _generate(model, tgt, threads=1)
     report = accuracy.compare(ref, tgt)
@@ -158,6 +136,15 @@ def test_a_decode_only_positions_bug_is_named_at_its_module_and_step(reference: 
     assert fd.module == module or fd.module.startswith(module + "."), (fd.id, fd.reason)
     bad_steps = {o.step for o in report.ops if o.verdict == Verdict.FAIL}
     assert min(bad_steps) == bad_step  # the earlier steps are clean: the bug is decode-only
+    assert report.generation is not None
+    kls = [st.kl for st in report.generation.steps]
+    assert all(kl is not None for kl in kls)
+    assert max(kls[:bad_step]) < 1e-6 < 1e-3 < kls[bad_step], kls  # the next-token distribution moves at that step
+    where = f"step {bad_step} (decode, token position {PROMPT + bad_step})"
+    assert where in accuracy.report.headline(report)
+    md, page = accuracy.report.to_markdown(report), accuracy.report.to_html(report)
+    assert "### generation, step by step" in md and f"| {bad_step} | {PROMPT + bad_step} |" in md
+    assert '<table id="generation">' in page and where in page
     assert f"step {bad_step}" in accuracy.report.headline(report)
 
 
@@ -199,7 +186,7 @@ def test_steps_never_pair_across_even_where_one_step_runs_more_ops() -> None:
 def test_a_target_whose_tokens_diverge_is_reported_as_such(reference: tuple[str, Path], tmp_path: Path) -> None:
     name, ref = reference
     model = MODELS[name]()
-    module = _break_positions(model, name, 4)
+    module = generation_specs.break_positions(model, name, 4)
     tgt = tmp_path / "bug.bundle"
     tokens = _generate(model, tgt, threads=1)
     ref_tokens = Bundle.open(ref).manifest.run["generation"]["tokens"][0]
@@ -223,7 +210,7 @@ def test_teacher_forcing_keeps_every_step_comparable(reference: tuple[str, Path]
     name, ref = reference
     teacher = Bundle.open(ref).manifest.run["generation"]["tokens"]
     model = MODELS[name]()
-    _break_positions(model, name, 4)
+    generation_specs.break_positions(model, name, 4)
     tgt = tmp_path / "forced.bundle"
     tokens = _generate(model, tgt, threads=1, teacher=teacher)
     assert tokens == teacher[0]  # fed the reference's tokens at every step
@@ -317,3 +304,20 @@ def test_a_cache_write_bug_is_named_at_its_layer_and_step(tmp_path: Path, monkey
     assert fd is not None and report.verdict == Verdict.FAIL
     assert fd.step == 3 and fd.module == "model.layers.1.self_attn", (fd.id, fd.reason)
     assert not [o for o in report.ops if o.step < 3 and o.verdict == Verdict.FAIL]
+
+
+def test_kl_divergence_of_next_token_distributions_by_hand() -> None:
+    import numpy as np
+
+    from accuracy.generation import kl_divergence
+
+    with np.errstate(divide="ignore"):
+        p, q = np.log([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]]), np.log([[0.25, 0.75, 0.0], [0.2, 0.3, 0.5]])
+        kl = kl_divergence(p, q)
+    # 0.5 ln(0.5 / 0.25) + 0.5 ln(0.5 / 0.75); a token neither gives mass adds nothing; the same rows: 0
+    assert kl[0] == pytest.approx(0.5 * np.log(2.0) + 0.5 * np.log(2.0 / 3.0), rel=1e-12)
+    assert kl[1] == pytest.approx(0.0, abs=1e-15)
+    with np.errstate(divide="ignore"):
+        assert kl_divergence(np.log([[0.5, 0.5]]), np.log([[1.0, 0.0]]))[0] == np.inf  # mass the target rules out
+    with pytest.raises(ValueError, match="same vocabulary"):
+        kl_divergence(np.zeros((1, 3)), np.zeros((1, 4)))

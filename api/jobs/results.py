@@ -123,6 +123,7 @@ def persist_report(db: Database, job_id: str, report: accuracy.ComparisonReport,
         job.first_divergence = op_to_dict(report.first_divergence) if report.first_divergence else None
         if job.first_divergence and job.first_divergence.get("metrics"):
             job.first_divergence["metrics"].pop("histogram", None)
+        job.generation = report.generation.as_dict() if report.generation is not None else None
         job.unmatched, job.finished_at, job.lease_until, job.error = len(report.unmatched), now, None, None
         if job.shards_done is not None:  # merged: the shards' results now live in op_results
             s.execute(update(ComparisonShard).where(ComparisonShard.comparison_id == job_id).values(results=None))

@@ -17,6 +17,32 @@ function side(title, s) {
     <dt>bundle</dt><dd><code>${short(s.bundle_id)}</code> · ${when(s.created_at)}</dd></dl></div>`;
 }
 
+// " at step N (prefill | decode, token position P)": where in a generation the first divergence lies
+function stepWords(gen, step) {
+  if (!gen) return step ? ` <span id="fd-step">at step ${step}</span>` : "";
+  const st = (gen.steps || [])[step || 0];
+  const where = st && st.position != null ? `, token position ${st.position}` : "";
+  return ` <span id="fd-step">at step ${step || 0} (${step ? "decode" : "prefill"}${where})</span>`;
+}
+
+// Both runs generated: per step, how far the target's next-token choice is from the reference's.
+function generationSection(gen) {
+  if (!gen) return "";
+  const parted = gen.first_token_divergence;
+  const note = parted == null ? "every step chose the reference's tokens"
+    : `the greedy tokens first differ at step ${parted}` + (gen.teacher_forced
+      ? " (teacher-forced: every step received the reference's tokens and is judged)"
+      : ": later steps compute on other tokens and their ops are not judged (inputs differ)");
+  const pct = (v) => `${Math.round(100 * v)}%`;
+  const rows = (gen.steps || []).map((st) => `<tr class="${st.step === parted ? "parted" : ""}">
+    <td class="num">${st.step}</td><td class="num">${st.position ?? "-"}</td><td class="num">${pct(st.argmax_agreement)}</td>
+    <td class="num">${pct(st.topk_overlap)}</td><td class="num">${fmt(st.logprob_drop)}</td><td class="num">${fmt(st.kl)}</td>
+    <td><code>${esc((st.reference_tokens || []).join(" "))}</code></td><td><code>${esc((st.target_tokens || []).join(" "))}</code></td></tr>`).join("");
+  return `<section id="generation-section"><h2>Generation, step by step</h2><p id="generation-note">${esc(note)}</p>
+    <table id="generation"><thead><tr><th>step</th><th>position</th><th>argmax agreement</th><th>top-k overlap</th>
+      <th>log-prob drop</th><th>KL (nats)</th><th>reference tokens</th><th>target tokens</th></tr></thead><tbody>${rows}</tbody></table></section>`;
+}
+
 export async function render(view, r, ctx) {
   const h = await api(`/comparisons/${enc(r.id)}/runs`);
   if (ctx.stale()) return;
@@ -38,8 +64,9 @@ export async function render(view, r, ctx) {
         </tbody></table><small>${h.same} fields equal</small></div>
     </div>
     ${fd ? `<p class="first-div">First divergence: <a id="first-divergence" href="${opHref(p, fd.key, { target: h.target.target, run: c.id })}"><code>${esc(fd.key)}</code></a>
-      ${badge(fd.verdict)} <span class="reason">${esc(fd.reason || "")}</span></p>` : ""}
+      ${badge(fd.verdict)}${stepWords(c.generation, fd.step)} <span class="reason">${esc(fd.reason || "")}</span></p>` : ""}
   </section>
+  ${generationSection(c.generation)}
   <section id="ops-section">
     <h2>Ops <span id="ops-count"></span></h2>
     <form id="filters" class="filters">

@@ -100,6 +100,8 @@ class Comparison(Base):
     verdict: Mapped[str | None] = mapped_column(String(20))
     counts: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     first_divergence: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    #: both runs generated: the token-level comparison per step (``GenerationComparison.as_dict``)
+    generation: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     unmatched: Mapped[int] = mapped_column(Integer, default=0)
     error: Mapped[str | None] = mapped_column(Text)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
