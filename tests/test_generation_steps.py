@@ -321,3 +321,59 @@ def test_kl_divergence_of_next_token_distributions_by_hand() -> None:
         assert kl_divergence(np.log([[0.5, 0.5]]), np.log([[1.0, 0.0]]))[0] == np.inf  # mass the target rules out
     with pytest.raises(ValueError, match="same vocabulary"):
         kl_divergence(np.zeros((1, 3)), np.zeros((1, 4)))
+
+
+def _generate_padded(path: Path, forget_padding_from: int | None = None) -> list[list[int]]:
+    """Two left-padded prompts; with ``forget_padding_from``, the decode steps from that call on get an
+    all-ones attention mask (a port whose decode path drops the padding mask)."""
+    model, inputs = generation_specs.llama_padded()
+    if forget_padding_from is not None:
+        calls = [0]
+
+        def drop_padding(module: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> Any:
+            calls[0] += 1
+            if calls[0] > forget_padding_from and kwargs.get("attention_mask") is not None:
+                kwargs["attention_mask"] = torch.ones_like(kwargs["attention_mask"])
+            return args, kwargs
+
+        model.model.register_forward_pre_hook(drop_padding, with_kwargs=True)
+    run: dict[str, Any] = {}
+    with torch.no_grad(), capture(model, path, level="aten", mode="summary", progress=False, call_steps=True,
+                                  run=run) as cap:
+        run["generation"] = generate(model, inputs, NEW_TOKENS, None, cap.paused, cap.add_tensor)
+    return run["generation"]["tokens"]
+
+
+def test_an_attention_mask_bug_during_decode_is_named_at_its_module_and_step(tmp_path: Path) -> None:
+    """From decode step 3 on the padded sequence attends to its padding: the mask is built in ``model``
+    (LlamaModel) and its own ops change there, so that module is the first divergence, at step 3; the
+    sequence without padding keeps its tokens, the padded one parts later."""
+    ref, bug = tmp_path / "ref.bundle", tmp_path / "mask.bundle"
+    tokens = _generate_padded(ref)
+    broken = _generate_padded(bug, forget_padding_from=3)
+    assert broken[1] == tokens[1] and broken[0][:3] == tokens[0][:3] != broken[0]  # only the padded row moves
+    report = accuracy.compare(ref, bug)
+    fd = report.first_divergence
+    assert report.verdict == Verdict.FAIL and fd is not None
+    assert fd.step == 3 and fd.module == "model", (fd.id, fd.reason)
+    assert not [o for o in report.ops if o.step < 3 and o.verdict == Verdict.FAIL]
+    gen = report.generation
+    assert gen is not None and gen.first_token_divergence is not None and gen.first_token_divergence >= 3
+    assert gen.steps[gen.first_token_divergence].argmax_agreement == 0.5  # one of the two sequences
+
+
+def test_a_generation_replays_op_by_op_within_its_steps(tmp_path: Path) -> None:
+    """``opband capture --replay`` of a generation (captured with inputs): every op of every step re-runs alone
+    in bf16 under the same stepped key, and the honest port passes op by op."""
+    from hooks import run_capture
+
+    spec = f"{Path(__file__).parent / 'generation_specs.py'}:llama"
+    ref = run_capture(spec, tmp_path / "ref.bundle", device="cpu", generate=NEW_TOKENS, inputs=True, mode="full")
+    rep = run_capture(spec, tmp_path / "rep.bundle", device="cpu", replay=ref, variant="bf16")
+    ref_ops = {r.key: r.step for r in Bundle.open(ref).records if r.kind == "aten"}
+    replayed = {r.key: r.step for r in Bundle.open(rep).records}
+    assert replayed and set(replayed.values()) == set(range(NEW_TOKENS))
+    assert all(ref_ops[k] == step for k, step in replayed.items())  # each op re-ran under its own step's key
+    assert len(replayed) >= 0.9 * len(ref_ops)
+    report = accuracy.compare(ref, rep)
+    assert report.counts[Verdict.FAIL] == 0 and report.counts[Verdict.WARN] == 0
