@@ -321,13 +321,13 @@ class BudgetPolicy:
         return default_budget(op, kind, dtype, mode, reduction)
 
 
-def load_config(path: str | os.PathLike[str]) -> Mapping[str, Any]:
-    """Read a budget config file; the suffix picks the parser."""
+def load_config(path: str | os.PathLike[str], what: str = "budget config") -> Mapping[str, Any]:
+    """Read a config file (``what`` names it in errors); the suffix picks the parser."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as e:
-        raise ConfigError(f"cannot read budget config {p}: {e.strerror}") from e
+        raise ConfigError(f"cannot read {what} {p}: {e.strerror}") from e
     suffix = p.suffix.lower()
     try:
         if suffix == ".toml":
@@ -343,8 +343,8 @@ def load_config(path: str | os.PathLike[str]) -> Mapping[str, Any]:
 
             return json.loads(text)
     except Exception as e:  # noqa: BLE001 - any parser error is the user's file, said once
-        raise ConfigError(f"budget config {p} is not valid {suffix[1:].upper()}: {e}") from e
-    raise ConfigError(f"budget config {p}: unknown suffix {suffix!r}; use .toml, .yaml, .yml or .json")
+        raise ConfigError(f"{what} {p} is not valid {suffix[1:].upper()}: {e}") from e
+    raise ConfigError(f"{what} {p}: unknown suffix {suffix!r}; use .toml, .yaml, .yml or .json")
 
 
 def _number(pattern: str, name: str, value: Any, low: float = 0.0, high: float = math.inf) -> float:

@@ -86,7 +86,7 @@ class GenerationComparison:
                  f"{s.target_tokens}; argmax agreement {s.argmax_agreement:.0%})" + kl_words)
         if self.teacher_forced:
             return words + "; teacher-forced: every step received the reference's tokens and is judged"
-        return words + f"; later steps compute on other tokens: their ops are not judged (inputs differ)"
+        return words + "; later steps compute on other tokens: their ops are not judged (inputs differ)"
 
     def _kl_step(self) -> int:
         return max((s for s in self.steps if s.kl is not None), key=lambda s: s.kl or 0.0).step

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,7 @@ def run_capture(
     lr: float = 1e-3,
     generate: int | None = None,
     teacher_force: str | os.PathLike[str] | None = None,
+    keep: Sequence[str] = (),
     **options: Any,
 ) -> Path:
     """Capture one forward pass of the SPEC's model and return the bundle path.
@@ -85,6 +87,7 @@ def run_capture(
     ``generate=N``: a greedy ``generate()`` of N tokens instead of one forward, each call of the model
     one step (:mod:`hooks.generation`); ``teacher_force=REF_BUNDLE`` makes each step choose the token
     the reference generation chose.
+    ``keep``: module paths kept at the model's own precision inside the variant (``opband prescribe``).
     """
     named = names.model_dump(exclude_defaults=True) if names is not None else {}
     cpu_only = variant in QUANTIZED and QUANTIZED[variant][1]  # torch's int8/int4 kernels are CPU ones
@@ -98,7 +101,7 @@ def run_capture(
                           run=named)
     torch.manual_seed(seed)
     model, inputs, loss_fn = load_training_spec(spec)
-    model, inputs, notes = apply_variant(model.eval(), inputs, variant, device, allow_partial)
+    model, inputs, notes = apply_variant(model.eval(), inputs, variant, device, allow_partial, keep)
     if compile:
         from hooks.compiled import compile_blocks
 

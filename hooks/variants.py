@@ -10,12 +10,14 @@ GEMM-like modules, is refused unless ``allow_partial``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
 from hooks import fp8, gemm, quantize
+from hooks import keep as keep_mod
 
 _CASTS = {"fp16": torch.float16, "bf16": torch.bfloat16}
 _FP8 = {f"{name}{suffix}": (dtype, scaling) for name, dtype in fp8.FP8_DTYPES.items()
@@ -126,14 +128,30 @@ def quantize_gemms(model: nn.Module, variant: str, device: str,
     return new_model, cov
 
 
+def apply(model: nn.Module, variant: str, keep: Sequence[str] = (), device: str = "cpu",
+          allow_partial: bool = False) -> nn.Module:
+    """``model`` in ``variant`` on ``device`` with the modules at ``keep`` (paths, as ``opband prescribe``
+    names them) at the model's own precision (:mod:`hooks.keep`). Changes ``model`` in place, as
+    ``Module.to`` does; cast the inputs to the variant's dtype yourself (fp16/bf16/w8a16/w4a16), or
+    use :func:`apply_variant`, which returns them cast."""
+    return apply_variant(model, (), variant, device, allow_partial, keep)[0]
+
+
 def apply_variant(model: nn.Module, inputs: Any, variant: str, device: str,
-                  allow_partial: bool = False) -> tuple[nn.Module, Any, dict[str, Any]]:
+                  allow_partial: bool = False, keep: Sequence[str] = ()) -> tuple[nn.Module, Any, dict[str, Any]]:
     """Return (model, inputs, notes) for ``variant`` on ``device``; notes go into the manifest.
 
     Like ``Module.to``, this may change ``model`` in place (casts, replaced GEMM modules).
-    Quantizing variants record ``notes["variant_coverage"]`` (see :func:`quantize_gemms`)."""
+    Quantizing variants record ``notes["variant_coverage"]`` (see :func:`quantize_gemms`).
+    ``keep``: module paths that stay at the model's own precision (``notes["kept"]``)."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, not {variant!r}")
+    if keep:
+        originals = keep_mod.reference_copies(model, list(keep))
+        model, inputs, notes = apply_variant(model, inputs, variant, device, allow_partial)
+        keep_mod.keep_modules(model, originals, list(originals))
+        notes["kept"] = list(originals)
+        return model, inputs, notes
     notes: dict[str, Any] = {"variant": variant}
     if variant in QUANTIZED:
         act, cpu_only, description = QUANTIZED[variant]

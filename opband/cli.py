@@ -1,5 +1,5 @@
 """The ``opband`` command line: the command tree. Each subcommand parses flags and makes one library call;
-the commands live by concept in ``cli_runs`` (capture, compare), ``cli_service`` (serve, upload, gate, demo,
+the commands live by concept in ``cli_runs`` (capture, compare), ``cli_prescribe`` (prescribe), ``cli_service`` (serve, upload, gate, demo,
 worker), ``cli_opspace`` (sweep, coverage, import) and ``cli_admin`` (db, token, gc, project)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from opband import cli_admin, cli_opspace, cli_runs, cli_service
+from opband import cli_admin, cli_opspace, cli_prescribe, cli_runs, cli_service
 
 app = typer.Typer(help="opband: find the operator that lost accuracy on new hardware or in low precision.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -45,7 +45,7 @@ def _main(
 
 
 # `opband --help` lists the commands in this order, then the groups in add_typer order above.
-for command in (cli_runs.capture, cli_runs.compare, cli_service.serve, cli_service.upload, cli_service.gate,
+for command in (cli_runs.capture, cli_runs.compare, cli_prescribe.prescribe, cli_service.serve, cli_service.upload, cli_service.gate,
                 cli_service.demo, cli_opspace.sweep, cli_opspace.coverage, cli_service.worker, cli_admin.gc):
     app.command()(command)
 db_app.command("upgrade")(cli_admin.db_upgrade)

@@ -38,16 +38,34 @@ def capture(
     lr: Annotated[float, typer.Option(help="with --backward: learning rate")] = 1e-3,
     generate: Annotated[Optional[int], typer.Option(min=1, metavar="N", help="run a greedy generate() of N new tokens instead of one forward (a transformers model): the prefill and each decode step are steps of their own, and the bundle keeps the tokens each step chose")] = None,
     teacher_force: Annotated[Optional[Path], typer.Option(metavar="REF", help="with --generate: make each step choose the token the reference bundle REF (captured with --generate) chose, so every step stays comparable")] = None,
+    keep: Annotated[Optional[Path], typer.Option(metavar="FILE", help="keep the modules this file lists (TOML/YAML/JSON, as `opband prescribe --toml` writes it) at the model's own precision inside --variant")] = None,
 ) -> None:
     """Run the SPEC's model once under capture and write a bundle (or --replay a reference's ops)."""
     _check_capture_flags(spec, replay, golden, generate, teacher_force, backward)
+    kept = _keep_paths(keep, variant.value, replay) if keep is not None else []
     path = _run_capture(spec, out, replay, device=device, variant=variant.value, level=level.value, mode=mode.value,
                         seed=seed, modules=modules, ops=ops, max_bytes=max_bytes, golden=golden,
                         names=names_from_flags(label, target, tags), allow_partial=allow_partial, compile=compile_,
                         train_steps=train_steps, optimizer=optimizer, lr=lr, generate=generate,
-                        teacher_force=teacher_force, **({"inputs": True} if inputs else {}),
+                        teacher_force=teacher_force, keep=kept, **({"inputs": True} if inputs else {}),
                         **({"backward": True} if backward else {}))
     _echo_captured(path, replay)
+
+
+def _keep_paths(path: Path, variant: str, replay: Path | None) -> list[str]:
+    """The module paths of a ``--keep`` file, or exit 2 saying what is wrong with it."""
+    from hooks.keep import read_keep_file
+
+    from accuracy.errors import OpbandError
+
+    if replay is not None:
+        fail("--keep changes the model a capture runs; --replay runs no model: drop one of them")
+    if variant == "fp32":
+        fail("--keep keeps modules at the model's own precision inside a lower-precision --variant: give --variant")
+    try:
+        return read_keep_file(path, variant)
+    except OpbandError as e:
+        fail(str(e))
 
 
 def _check_capture_flags(spec: str | None, replay: Path | None, golden: bool, generate: int | None = None,
