@@ -60,6 +60,8 @@ bench: $(STAMP)
 	$(PY) benchmarks/compare.py
 	$(PY) benchmarks/generation.py --model llama-small
 	$(PY) benchmarks/generation.py --model llama-mid
+	$(PY) benchmarks/prescribe.py --model llama-small
+	$(PY) benchmarks/prescribe.py --model llama-mid
 	$(PY) benchmarks/compare_pair.py
 	$(PY) benchmarks/compare_records.py --records 10000,50000
 	$(PY) benchmarks/service.py

@@ -377,19 +377,33 @@ def prescribe(spec: str, variant: str, *, target_spec: str | None = None, budget
 
     torch.manual_seed(seed)
     reference, inputs, _ = load_training_spec(spec)
-    reference = reference.eval().to(device)
-    ref_inputs = _to(inputs, device)
+    target = tgt_inputs = None
     if target_spec is not None:
         torch.manual_seed(seed)
         target, tgt_inputs, _ = load_training_spec(target_spec)
-        target, tgt_inputs = target.eval().to(device), _to(tgt_inputs, device)
+    return prescribe_models(reference, inputs, variant, target=target, target_inputs=tgt_inputs, budgets=budgets,
+                            metric=metric, max_keep=max_keep, max_runs=max_runs, device=device, progress=progress)
+
+
+def prescribe_models(reference: nn.Module, inputs: Any, variant: str, *, target: nn.Module | None = None,
+                     target_inputs: Any = None, budgets: Any = None, metric: str = "norm_l2",
+                     max_keep: int | None = None, max_runs: int = 64, device: str = "cpu",
+                     progress: Callable[[int, str], None] | None = None) -> Prescription:
+    """:func:`prescribe` for models in hand: ``reference`` (left unchanged) and its ``inputs``; the target is
+    ``variant`` applied to a copy, or ``target`` (with ``target_inputs``, default ``inputs``)."""
+    reference = reference.eval().to(device)
+    ref_inputs = _to(inputs, device)
+    users = target is not None  # a user's own target: any module at a path both models have is a candidate
+    if target is not None:
+        target = target.eval().to(device)
+        tgt_inputs = _to(target_inputs if target_inputs is not None else inputs, device)
     else:
         target, tgt_inputs, _ = apply_variant(copy.deepcopy(reference), ref_inputs, variant, device)
     policy = budgets if isinstance(budgets, BudgetPolicy) else BudgetPolicy.from_config(budgets)
-    cands = candidates_for(reference, target, "fp32" if target_spec is not None else variant)
+    cands = candidates_for(reference, target, "fp32" if users else variant)
     if not cands:
         raise PrescribeError("no module of the target can be kept: " + (
-            "no module path is in both models" if target_spec else f"--variant {variant} replaced no module"))
+            "no module path is in both models" if users else f"--variant {variant} replaced no module"))
     search = Search(reference, ref_inputs, target, tgt_inputs, variant, cands, policy, metric, max_runs, progress)
     return search.run(max_keep)
 

@@ -167,5 +167,25 @@ def test_cli_prescribes_writes_its_config_and_capture_applies_it(tmp_path: Path)
 
 
 def test_a_run_that_fails_names_the_set_it_tried() -> None:
+    import copy
+
+    from accuracy.budgets import BudgetPolicy
+    from hooks.prescribe import Search
+
+    class Broken(torch.nn.Module):
+        def forward(self, *args: object, **kwargs: object) -> torch.Tensor:
+            raise RuntimeError("kernel not implemented for this shape")
+
+    model, inputs = prescribe_specs.llama_clean()
+    target, tgt_inputs, _ = apply_variant(copy.deepcopy(model), inputs, "int8", "cpu")
+    search = Search(model, inputs, target, tgt_inputs, "int8", ["model.layers.0.mlp.down_proj"], BudgetPolicy(),
+                    "norm_l2", 8)
+    search._originals["model.layers.0.mlp.down_proj"] = Broken()
+    with pytest.raises(PrescribeError, match=r"keeping \['model.layers.0.mlp.down_proj'\] .* failed: RuntimeError: "
+                                             "kernel not implemented"):
+        search.check(["model.layers.0.mlp.down_proj"])
+    assert not isinstance(target.model.layers[0].mlp.down_proj, Broken)  # the failed run put the target's own back
+    with torch.no_grad():
+        assert torch.isfinite(target(**tgt_inputs).logits).all()
     with pytest.raises(PrescribeError, match="one of norm_l2"):
         prescribe(_spec("llama_clean"), "int8", metric="cosine")
