@@ -36,6 +36,7 @@ def build(name: str) -> tuple[torch.nn.Module, torch.Tensor]:
 
     size = dict(SIZES[name])
     size.pop("seq")
+    size.pop("batch", None)
     torch.manual_seed(0)
     cfg = LlamaConfig(**size, num_key_value_heads=size["num_attention_heads"], max_position_embeddings=512)
     ids = torch.randint(0, cfg.vocab_size, (1, PROMPT), generator=torch.Generator().manual_seed(0))

@@ -4,7 +4,8 @@
 fixed cost alone. ``llama-small`` (4 layers, width 256, 256 tokens: ~20 ms per forward on one core, ~400 ATen ops
 that move numbers, most of them small) shows per-op fixed costs; ``llama-mid`` (4 layers, width
 768, 128 tokens: ~100 ms) is a real size, where the statistics' memory traffic and the write
-dominate. ``demo`` is ``hooks.demo_model.build_large``.
+dominate; ``llama-mid512`` (4 layers, width 512, 2 sequences of 256 tokens: a 170 MB full bundle) is
+the model issue 34's full-capture goal names. ``demo`` is ``hooks.demo_model.build_large``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ SIZES: dict[str, dict[str, int]] = {
                     "num_attention_heads": 4, "seq": 256},
     "llama-mid": {"vocab_size": 4000, "hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 4,
                   "num_attention_heads": 12, "seq": 128},
+    "llama-mid512": {"vocab_size": 4000, "hidden_size": 512, "intermediate_size": 1376, "num_hidden_layers": 4,
+                     "num_attention_heads": 8, "seq": 256, "batch": 2},
 }
 MODELS = ("demo", *SIZES)
 
@@ -34,11 +37,12 @@ def build(name: str, seed: int = 0) -> tuple[torch.nn.Module, tuple[Any, ...]]:
 
     size = dict(SIZES[name])
     seq = size.pop("seq")
+    batch = size.pop("batch", 1)
     torch.manual_seed(seed)
     cfg = LlamaConfig(**size, num_key_value_heads=size["num_attention_heads"], max_position_embeddings=2 * seq,
                       attn_implementation="eager")
     model = LlamaForCausalLM(cfg).eval()
-    ids = torch.randint(0, cfg.vocab_size, (1, seq), generator=torch.Generator().manual_seed(seed))
+    ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(seed))
     return model, (ids,)
 
 
