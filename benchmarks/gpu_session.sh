@@ -7,7 +7,7 @@
 # 3 minutes there (about 5 with the machine's start) and leaves in $OUT:
 #   gpu_check.md + reports.json  benchmarks/gpu_check.py: every target vs the CPU fp32 reference, no-sync
 #                                summary capture, on-device statistics against the CPU kernel
-#   pytest.txt                   tests/test_hooks_gpu.py and tests/test_hooks_replay.py on CUDA
+#   pytest.txt                   tests/test_hooks_gpu.py, test_hooks_replay.py, test_hooks_cudagraphs.py on CUDA
 #   capture-MODEL.txt            benchmarks/capture.py --device cuda (summary/full x aten/module) with a
 #                                cProfile of summary captures, for llama-small and llama-mid
 # and prints the tables; paste them into the closing note.
@@ -25,7 +25,7 @@ echo "gpu_check rc=$?"
 cp /tmp/opband-gpu-check/reports.json "$OUT/" 2>/dev/null
 grep -E "^\| [a-z0-9+-]+ on cuda|statistics on|summary capture|took" "$OUT/gpu_check.md"
 
-timeout 120 python3 -m pytest -q --noconftest -p no:cacheprovider tests/test_hooks_gpu.py tests/test_hooks_replay.py \
+timeout 120 python3 -m pytest -q --noconftest -p no:cacheprovider tests/test_hooks_gpu.py tests/test_hooks_replay.py tests/test_hooks_cudagraphs.py \
   > "$OUT/pytest.txt" 2>&1
 echo "pytest rc=$?"
 grep -E "^E |passed|failed" "$OUT/pytest.txt" | head -20

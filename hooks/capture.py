@@ -24,6 +24,7 @@ from accuracy.manifest import Diagnostic, Fingerprints, Record
 from hooks import distributed
 from hooks.environment import environment
 from hooks.composites import faithful_composites
+from hooks.cudagraphs import refuse_cuda_graphs
 from hooks.fingerprints import ParameterPrints, PendingPrints, launch_input_prints, parameter_prints
 from hooks.intrusive import intrusive_ops
 from hooks.modes import ApiMode, AtenMode, ModuleHooks
@@ -58,6 +59,7 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
         self._aborted = False
         self._calls = 0  # calls of the model so far (``call_steps``: each one is a step)
         self._step_hook: Any = None
+        self._graphs: Any = None
 
     def __enter__(self) -> capture:
         rec = self._recorder = Recorder(self.path, self.options)
@@ -84,6 +86,8 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
             self._mode = ApiMode(rec)
         if self._mode is not None:
             self._mode.__enter__()
+        self._graphs = refuse_cuda_graphs()  # a graph replay would record nothing: refused with a sentence
+        self._graphs.__enter__()
         return self
 
     def _fingerprint_model(self, rec: Recorder) -> None:
@@ -194,6 +198,9 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
             rec.add_tensor(name, host)
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self._graphs is not None:
+            self._graphs.__exit__(None, None, None)
+            self._graphs = None
         if self._mode is not None:
             self._mode.__exit__(exc_type, exc, tb)
             self._mode = None
