@@ -2,7 +2,7 @@
 
 Times a greedy ``generate()`` of ``--tokens`` new tokens from a 32-token prompt, plain and under
 ``capture(..., call_steps=True)`` the way ``opband capture --generate`` runs it (summary and full
-mode, the compiled observer where it serves), in rounds whose order rotates; prints each mode's
+mode, the compiled observer where it serves, each step's log-probabilities kept in the bundle), in rounds whose order rotates; prints each mode's
 median ratio to the plain ``generate()`` of the same round, the records per step and the engine.
 Process CPU time on one torch thread (``--clock wall`` for wall time). Goal (issue 32): summary
 <= 1.5x on CPU.
@@ -64,7 +64,7 @@ def main() -> None:
         def run() -> None:
             with torch.no_grad(), capture(model, tmp / f"{mode}.bundle", level="aten", mode=mode, progress=False,
                                           call_steps=True) as cap:
-                generate(model, {"input_ids": ids}, args.tokens, paused=cap.paused)
+                generate(model, {"input_ids": ids}, args.tokens, paused=cap.paused, keep=cap.add_tensor)
         return run
 
     runs: dict[str, Callable[[], None]] = {"plain": plain, "summary": captured("summary"), "full": captured("full")}
