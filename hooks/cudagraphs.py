@@ -65,7 +65,8 @@ def _targets() -> list[tuple[type, str, str]]:
 
 @contextmanager
 def refuse_cuda_graphs() -> Iterator[None]:
-    """While inside, ``torch.cuda.CUDAGraph.replay`` and ``.capture_begin`` raise :class:`CudaGraphRefused`."""
+    """While inside, ``torch.cuda.CUDAGraph.replay``, ``.capture_begin`` and ``torch.cuda.graph.__enter__``
+    raise :class:`CudaGraphRefused`, in every thread of the process (the patch is on the classes)."""
     global _depth
     with _lock:
         if _depth == 0:
