@@ -2,8 +2,9 @@
 
 Times a greedy ``generate()`` of ``--tokens`` new tokens from a 32-token prompt, plain and under
 ``capture(..., call_steps=True)`` the way ``opband capture --generate`` runs it (summary and full
-mode, the compiled observer where it serves, each step's log-probabilities kept in the bundle), in rounds whose order rotates; prints each mode's
-median ratio to the plain ``generate()`` of the same round, the records per step and the engine.
+mode, the compiled observer where it serves, each step's log-probabilities kept in the bundle), in
+rounds whose order rotates; prints each mode's median ratio to the plain ``generate()`` of the same
+round, the records per step and the engine.
 Process CPU time on one torch thread (``--clock wall`` for wall time). Goal (issue 32): summary
 <= 1.5x on CPU.
 """

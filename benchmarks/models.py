@@ -4,7 +4,7 @@
 fixed cost alone. ``llama-small`` (4 layers, width 256, 256 tokens: ~20 ms per forward on one core, ~400 ATen ops
 that move numbers, most of them small) shows per-op fixed costs; ``llama-mid`` (4 layers, width
 768, 128 tokens: ~100 ms) is a real size, where the statistics' memory traffic and the write
-dominate; ``llama-mid512`` (4 layers, width 512, 2 sequences of 256 tokens: a 170 MB full bundle) is
+dominate; ``llama-mid512`` (4 layers, width 512, 2 sequences of 256 tokens: a 232 MB full bundle) is
 the model issue 34's full-capture goal names. ``demo`` is ``hooks.demo_model.build_large``.
 """
 

@@ -37,7 +37,7 @@ def _refuse(what: str) -> Callable[..., Any]:
     def refused(self: Any, *args: Any, **kwargs: Any) -> Any:
         raise CudaGraphRefused(f"a CUDA graph was {what} inside an opband capture: {_WHY[what]}; {ADVICE}")
 
-    refused.__name__ = f"opband_refused_{what.replace(' ', '_')}"
+    refused.__name__ = f"opband_refused_{what}"
     return refused
 
 

@@ -45,7 +45,7 @@ def test_a_replay_inside_a_capture_raises_a_sentence_and_the_bundle_says_so(tmp_
 
 
 def test_capturing_a_graph_inside_a_capture_is_refused(tmp_path: Path) -> None:
-    model, (ids,) = demo_model.build()
+    model, _ = demo_model.build()
     for begin in (lambda: _graph().capture_begin(), lambda: torch.cuda.graph.__enter__(object.__new__(torch.cuda.graph))):
         with pytest.raises(CudaGraphRefused, match="captured inside an opband capture: opband's own statistics"), \
                 torch.no_grad(), capture(model, tmp_path / "c.bundle", progress=False):
