@@ -130,6 +130,7 @@ class ObserverMode:
         self.index = {name: i for i, name in enumerate(module_names)}
         self.paused_depth = 0
         self.unwritten: set[str] = set()  # full mode: tensors stored here that could not be written
+        self.full = recorder.opts.mode == "full"  # only full mode queues tensors for the writer
 
     def __enter__(self) -> ObserverMode:
         assert _observer is not None
@@ -210,7 +211,8 @@ class ObserverMode:
         except Exception:  # noqa: BLE001, S110 - the recorder's path says what is wrong with this output
             pass
         if recorded:
-            self._hand_over()  # its tensors (full mode) go to the writer between modules
+            if self.full:
+                self._hand_over()  # its tensors go to the writer between modules
             return True
         self.drain()
         self.sync()
