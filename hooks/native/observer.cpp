@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
+#include <cstring>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -77,6 +78,7 @@ struct Out {  // one output tensor
   std::vector<int64_t> shape;
   std::vector<int64_t> strides;  // when not contiguous
   std::array<double, kRow> row;
+  int64_t row_id = 0;  // the summarised row it has (reused rows keep their id), 0: a row of its own
   std::string tensor;  // full mode: the name of the stored tensor its record gives (empty: none)
 };
 
@@ -102,6 +104,7 @@ struct WhereHash {
 struct Seen {
   c10::weak_intrusive_ptr<c10::StorageImpl> storage;  // keeps the address from being reused while held
   std::array<double, kRow> row;
+  int64_t row_id;
   std::string tensor;  // full mode: the tensor stored from this memory (Recorder.by_storage), or empty
 };
 
@@ -134,6 +137,7 @@ struct State {
   int64_t step = 0;
   bool per_step = false;  // each step numbers its calls afresh, and its keys end in "@step" (step > 0)
   int64_t epoch = 0;
+  int64_t row_ids = 0;  // rows summarised and registered in `seen` so far (Out::row_id)
   int64_t ops_seen = 0;
   bool settle_pending = false;
   bool skip_no_number = true;
@@ -389,7 +393,7 @@ Seen* summarise(const at::Tensor& t, Out& out) {
     if (state->seen.size() > 4096) state->seen.clear();
     const c10::Storage& storage = t.storage();
     return &state->seen.insert_or_assign(Where{storage.unsafeGetStorageImpl(), t.storage_offset(), n, out.dtype},
-                                         Seen{c10::weak_intrusive_ptr<c10::StorageImpl>(storage.getWeakStorageImpl()), out.row})
+                                         Seen{c10::weak_intrusive_ptr<c10::StorageImpl>(storage.getWeakStorageImpl()), out.row, out.row_id = ++state->row_ids})
                 .first->second;
   }
   return nullptr;
@@ -434,6 +438,7 @@ void reuse_row(const at::Tensor& t, const Seen& seen, Out& out) {
   out.layout = 0;  // seen rows are of contiguous tensors
   out.has_row = true;
   out.row = seen.row;
+  out.row_id = seen.row_id;
 }
 
 // seen_entry for Python (StatsBatch.lookup): a module output that aliases an op's output, any shape.
@@ -849,27 +854,35 @@ void json_int(std::string& out, int64_t v) {
   out.append(buf, res.ptr);
 }
 
-void json_float(std::string& out, double v) {
+// `v` as pydantic writes it into buf (32 chars suffice); returns the end.
+char* float_chars(char* buf, double v) {
+  char* o = buf;
+  auto put = [&o](const char* s, size_t n) {
+    std::memcpy(o, s, n);
+    o += n;
+  };
   if (std::isnan(v)) {
-    out += "\"NaN\"";
-    return;
+    put("\"NaN\"", 5);
+    return o;
   }
   if (std::isinf(v)) {
-    out += v > 0 ? "\"Infinity\"" : "\"-Infinity\"";
-    return;
+    if (v > 0) put("\"Infinity\"", 10);
+    else put("\"-Infinity\"", 11);
+    return o;
   }
   if (v == 0) {
-    out += std::signbit(v) ? "-0.0" : "0.0";
-    return;
+    if (std::signbit(v)) put("-0.0", 4);
+    else put("0.0", 3);
+    return o;
   }
-  char sci[64];  // "-1.2345e+20": the shortest digits that read back as v
+  char sci[40];  // "-1.2345e+20": the shortest digits that read back as v
   const char* end = std::to_chars(sci, sci + sizeof sci, v, std::chars_format::scientific).ptr;
   const char* p = sci;
   if (*p == '-') {
-    out += '-';
+    *o++ = '-';
     ++p;
   }
-  char digits[32];
+  char digits[24];
   int k = 0;
   for (; p < end && *p != 'e'; ++p)
     if (*p != '.') digits[k++] = *p;
@@ -877,26 +890,35 @@ void json_float(std::string& out, double v) {
   std::from_chars(p + (p[1] == '+' ? 2 : 1), end, exp10);
   const int kk = exp10 + 1;  // the decimal point sits after kk digits
   if (k <= kk && kk <= 16) {
-    out.append(digits, static_cast<size_t>(k));
-    out.append(static_cast<size_t>(kk - k), '0');
-    out += ".0";
+    put(digits, static_cast<size_t>(k));
+    std::memset(o, '0', static_cast<size_t>(kk - k));
+    o += kk - k;
+    put(".0", 2);
   } else if (0 < kk && kk <= 16) {
-    out.append(digits, static_cast<size_t>(kk));
-    out += '.';
-    out.append(digits + kk, static_cast<size_t>(k - kk));
+    put(digits, static_cast<size_t>(kk));
+    *o++ = '.';
+    put(digits + kk, static_cast<size_t>(k - kk));
   } else if (-5 < kk && kk <= 0) {
-    out += "0.";
-    out.append(static_cast<size_t>(-kk), '0');
-    out.append(digits, static_cast<size_t>(k));
+    put("0.", 2);
+    std::memset(o, '0', static_cast<size_t>(-kk));
+    o += -kk;
+    put(digits, static_cast<size_t>(k));
   } else {
-    out += digits[0];
+    *o++ = digits[0];
     if (k > 1) {
-      out += '.';
-      out.append(digits + 1, static_cast<size_t>(k - 1));
+      *o++ = '.';
+      put(digits + 1, static_cast<size_t>(k - 1));
     }
-    out += kk - 1 > 0 ? "e+" : "e";
-    json_int(out, kk - 1);
+    if (kk - 1 > 0) put("e+", 2);
+    else *o++ = 'e';
+    o = std::to_chars(o, o + 8, kk - 1).ptr;
   }
+  return o;
+}
+
+void json_float(std::string& out, double v) {
+  char buf[32];
+  out.append(buf, float_chars(buf, v));
 }
 
 void json_ints(std::string& out, const int64_t* values, size_t n) {
@@ -907,6 +929,42 @@ void json_ints(std::string& out, const int64_t* values, size_t n) {
   }
   out += ']';
 }
+
+// A statistics row as its record's "stats" object, appended to `text`.
+void row_text(std::string& text, const std::array<double, kRow>& row) {
+  const auto n = static_cast<int64_t>(row[0]);  // the row's first field is numel
+  for (int f = 0; f < kStatFields; ++f) {
+    text += state->stat_keys[f];
+    if (state->stat_count[f]) json_int(text, static_cast<int64_t>(row[f]));
+    else json_float(text, row[f]);
+  }
+  text += ",\"sample\":[";
+  const int64_t m = std::min<int64_t>(kSample, n);
+  for (int64_t j = 0; j < m; ++j) {
+    if (j) text += ',';
+    json_float(text, row[kStatFields + j]);
+  }
+  text += "]}";
+}
+
+// The texts of recently formatted rows by row id: a module output that reuses its last op's row
+// (Out::row_id) takes the text made for the op's record.
+struct RowTexts {
+  std::array<std::pair<int64_t, std::string>, 64> slots{};
+  void append(std::string& line, const Out& o) {
+    if (o.row_id == 0) {
+      row_text(line, o.row);
+      return;
+    }
+    auto& [id, text] = slots[static_cast<size_t>(o.row_id) % slots.size()];
+    if (id != o.row_id) {
+      id = o.row_id;
+      text.clear();
+      row_text(text, o.row);
+    }
+    line += text;
+  }
+};
 
 // The records made since the last drain as JSON lines (index from `base`); `dtype_names` by
 // c10::ScalarType code.
@@ -927,6 +985,7 @@ py::list drain_lines(int64_t base, py::dict dtype_names) {
   std::vector<std::string> module_json(state->module_names.size() + 1);
   static const std::array<const char*, 2> kinds = {"\"aten\"", "\"module\""};
   static const std::array<const char*, 4> formats = {"", "\"channels_last\"", "\"channels_last_3d\"", "\"strided\""};
+  RowTexts row_texts;
   std::string line;
   for (const Out& o : state->outs) {
     const Call& c = state->calls[static_cast<size_t>(o.call)];
@@ -974,20 +1033,8 @@ py::list drain_lines(int64_t base, py::dict dtype_names) {
       json_string(line, o.tensor);
     }
     if (o.has_row) {
-      const auto n = static_cast<int64_t>(o.row[0]);  // the row's first field is numel
       line += ",\"stats\":";
-      for (int f = 0; f < kStatFields; ++f) {
-        line += state->stat_keys[f];
-        if (state->stat_count[f]) json_int(line, static_cast<int64_t>(o.row[f]));
-        else json_float(line, o.row[f]);
-      }
-      line += ",\"sample\":[";
-      const int64_t m = std::min<int64_t>(kSample, n);
-      for (int64_t j = 0; j < m; ++j) {
-        if (j) line += ',';
-        json_float(line, o.row[kStatFields + j]);
-      }
-      line += "]}";
+      row_texts.append(line, o);
     }
     line += ",\"step\":";
     json_int(line, c.step);
