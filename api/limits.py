@@ -11,7 +11,7 @@ import re
 from typing import Annotated
 
 from fastapi import Path
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 #: the largest id the integer primary keys hold on every backend (PostgreSQL ``integer``)
 MAX_ROW_ID = 2**31 - 1

@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 from service_fixtures import LiveServer
 
 from accuracy.bundle import BundleWriter
