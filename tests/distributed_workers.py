@@ -75,6 +75,7 @@ def tensor_parallel(rank: int, world: int, port: int, out: str, fault_rank: int)
             model = TensorParallelMLP(rank, world, faulty).eval()
             with torch.no_grad(), capture(model, Path(out) / f"{name}.bundle", level="aten", progress=False):
                 model(x)
+        dist.barrier()  # no rank tears its gloo pairs down while a peer still uses them
     finally:
         dist.destroy_process_group()
 
@@ -98,5 +99,6 @@ def data_parallel_step(rank: int, world: int, port: int, out: str, fault_rank: i
                     dist.all_reduce(p.grad)
                     p.grad /= world
                 opt.step()
+        dist.barrier()  # no rank tears its gloo pairs down while a peer still uses them
     finally:
         dist.destroy_process_group()
