@@ -142,7 +142,7 @@ class ObserverMode:
             "row_functions": fused.row_cfunc_addresses(), "cancel": [fused.CANCEL[n] for n in KERNEL_DTYPES],
             "parallel_min": fused.PARALLEL_MIN, "module_names": self.names,
             "settle": self._settle, "escape": self._escape,
-            "full": rec.opts.mode == "full", "hand_over": self._hand_over,
+            "full": self.full, "hand_over": self._hand_over,
             "hand_bytes": min(HAND_BYTES, rec.opts.buffer_bytes),
         })
         _ACTIVE.append(self)

@@ -392,8 +392,9 @@ Seen* summarise(const at::Tensor& t, Out& out) {
   if (t.has_storage() && t.is_contiguous() && kernel_slot(t.scalar_type()) >= 0) {
     if (state->seen.size() > 4096) state->seen.clear();
     const c10::Storage& storage = t.storage();
+    out.row_id = ++state->row_ids;
     return &state->seen.insert_or_assign(Where{storage.unsafeGetStorageImpl(), t.storage_offset(), n, out.dtype},
-                                         Seen{c10::weak_intrusive_ptr<c10::StorageImpl>(storage.getWeakStorageImpl()), out.row, out.row_id = ++state->row_ids})
+                                         Seen{c10::weak_intrusive_ptr<c10::StorageImpl>(storage.getWeakStorageImpl()), out.row, out.row_id})
                 .first->second;
   }
   return nullptr;
