@@ -74,7 +74,7 @@ class BundleWriter:
         self._entries = bytearray()  # the header's tensor entries as they will appear in it (~80 bytes a tensor)
         self._entry_bytes = 0  # running estimate of the tensor entries' share of the header
         self._offset = 0
-        self._records: BinaryIO = tempfile.SpooledTemporaryFile(max_size=4 << 20, dir=self.path.parent)  # type: ignore[assignment]
+        self._records: BinaryIO = tempfile.SpooledTemporaryFile(max_size=SPILL_BYTES, dir=self.path.parent)  # type: ignore[assignment]
         self._record_count = 0
         # streamed tensor bytes go to a writer thread (up to this many unwritten; 0: written here)
         self._background = background_bytes if writebehind.AVAILABLE else 0
@@ -232,12 +232,16 @@ class BundleWriter:
             self._behind.put_many(pieces)
 
     def _add_records_tensor(self) -> None:
-        """The spooled record lines, as the last tensor (streamed in pieces past ``spill_bytes``)."""
+        """The spooled record lines, as the last tensor: kept in memory when the whole bundle stays under
+        the size it would be compacted back to anyway (streaming them would only be read back), else
+        streamed in pieces."""
         spool = self._records
         size = spool.tell()
         spool.seek(0)
-        if self._buffer is not None and self._offset + size < self._spill:
-            self._add_views(((RECORDS_TENSOR, "U8", (size,), spool.read()),), ours=True)
+        if self._buffer is not None and self._offset + size < self._compact_below:
+            self._entry(RECORDS_TENSOR, "U8", (size,), size)
+            self._offset += size
+            self._buffer.append(spool.read())
             return
         self._entry(RECORDS_TENSOR, "U8", (size,), size)
         self._entry_bytes += len(RECORDS_TENSOR) + 120
