@@ -70,7 +70,6 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
         if self.options.call_steps:
             self._step_hook = self.model.register_forward_pre_hook(self._next_call)
         self._hooks = ModuleHooks(self.model, rec)
-        self._hooks.install()
         if self.options.level == "aten":
             self._composites = faithful_composites()
             self._composites.__enter__()
@@ -86,6 +85,8 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
             self._mode = ApiMode(rec)
         if self._mode is not None:
             self._mode.__enter__()
+        if not (isinstance(self._mode, ObserverMode) and self._mode.wrap_modules(self._hooks)):
+            self._hooks.install()
         self._graphs = refuse_cuda_graphs()  # a graph replay would record nothing: refused with a sentence
         self._graphs.__enter__()
         return self

@@ -48,6 +48,7 @@ from hooks.options import CaptureOptions
 from hooks.tensors import NO_NUMBER_OPS, dtype_tag, fast_leaves
 
 if TYPE_CHECKING:
+    from hooks.modes import ModuleHooks
     from hooks.recorder import Recorder
 
 try:  # the compiled extension by its full name (``from hooks import`` would tie this module to the package's __init__)
@@ -131,6 +132,7 @@ class ObserverMode:
         self.paused_depth = 0
         self.unwritten: set[str] = set()  # full mode: tensors stored here that could not be written
         self.full = recorder.opts.mode == "full"  # only full mode queues tensors for the writer
+        self.wrapped: list[torch.nn.Module] = []  # modules whose forward is a compiled wrapper (wrap_modules)
 
     def __enter__(self) -> ObserverMode:
         assert _observer is not None
@@ -152,9 +154,36 @@ class ObserverMode:
         self.sync()
         return self
 
+    def wrap_modules(self, hooks: ModuleHooks) -> bool:
+        """Module attribution without torch's hooked call path: each module's instance ``forward`` becomes
+        a compiled wrapper doing what ``hooks``' global forward hooks do (its Python ``_post`` still
+        records what the observer does not). False, with nothing changed, when a module could not be
+        wrapped faithfully (its own ``__call__``, an instance ``forward`` already set, TorchScript, a
+        compiled call): then ``hooks`` installs its global hooks."""
+        assert _observer is not None
+        modules = {id(m): m for _, m in hooks.model.named_modules()}
+        if not all(_wrappable(m) for m in modules.values()):
+            return False
+        _observer.wrap_modules(self.rec.stack, self.index, hooks._post, torch.Tensor, self.index.get("", -1))
+        for key, name in hooks.names.items():
+            m = modules[key]
+            m.__dict__["forward"] = _observer.module_call(m.forward, m, name, self.index[name])
+            self.wrapped.append(m)
+        return True
+
+    def _unwrap_modules(self) -> None:
+        """Each wrapped module's own ``forward`` again."""
+        for m in self.wrapped:
+            if type(m.__dict__.get("forward")) is _observer.ModuleCall:
+                del m.__dict__["forward"]
+        self.wrapped = []
+        if _observer is not None:
+            _observer.unwrap_modules()
+
     def __exit__(self, *exc: Any) -> None:
         rec = self.rec
         try:
+            self._unwrap_modules()
             self.drain()
             counts = _observer.counts() if _observer is not None else {}
             rec.skipped.update(counts.get("skipped", {}))
@@ -179,7 +208,8 @@ class ObserverMode:
         rec = self.rec
         module = self.innermost()
         assert _observer is not None
-        _observer.set_state(rec.active and not rec.busy and not self.paused_depth, module, rec.step)
+        _observer.set_state(rec.active and not rec.busy and not self.paused_depth, module, rec.step, rec.active,
+                            not self.paused_depth)
 
     def drain(self) -> None:
         """Move the observer's records into the recorder's list (before the recorder adds one itself),
@@ -282,6 +312,15 @@ class ObserverMode:
         finally:
             self.paused_depth -= 1
             self.sync()
+
+
+def _wrappable(m: torch.nn.Module) -> bool:
+    """Whether a wrapper as the instance ``forward`` runs exactly where global forward hooks would: the
+    call goes through ``nn.Module.__call__`` and ``_call_impl``, which look ``forward`` up on the instance."""
+    cls = type(m)
+    return ("forward" not in m.__dict__ and cls.__call__ is torch.nn.Module.__call__
+            and cls._call_impl is torch.nn.Module._call_impl and getattr(m, "_compiled_call_impl", None) is None
+            and not isinstance(m, torch.jit.ScriptModule))
 
 
 def active() -> ObserverMode | None:

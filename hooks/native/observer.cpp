@@ -16,7 +16,10 @@
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/graph_task.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
+
+#include <structmember.h>
 
 #include <algorithm>
 #include <charconv>
@@ -25,6 +28,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <memory_resource>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -64,9 +68,8 @@ struct Call {  // one recorded op call (or module output): what its outputs' rec
   int kind;  // 0: an ATen op ("aten"), 1: a module's forward ("module")
   int64_t ordinal;
   int64_t step;
-  std::vector<int64_t> in_dims;   // per input tensor: its number of dimensions
-  std::vector<int64_t> in_sizes;  // the input shapes, concatenated
-  std::vector<int8_t> in_dtypes;
+  int64_t in_at;  // its inputs in State::ints: per input tensor its dtype code, its dim, then its sizes
+  int64_t n_in;
 };
 
 struct Out {  // one output tensor
@@ -75,8 +78,8 @@ struct Out {  // one output tensor
   int8_t dtype;
   bool has_row;
   int8_t layout;  // 0 contiguous, 1 channels_last, 2 channels_last_3d, 3 other strides (hooks.opcall.layout_of)
-  std::vector<int64_t> shape;
-  std::vector<int64_t> strides;  // when not contiguous
+  int64_t shape_at;  // its shape in State::ints, then its strides when layout != 0
+  int64_t ndim;
   std::array<double, kRow> row;
   int64_t row_id = 0;  // the summarised row it has (reused rows keep their id), 0: a row of its own
   std::string tensor;  // full mode: the name of the stored tensor its record gives (empty: none)
@@ -149,6 +152,7 @@ struct State {
   std::unordered_map<uint64_t, int64_t> ordinals;
   std::vector<Call> calls;
   std::vector<Out> outs;
+  std::vector<int64_t> ints;  // the records' shapes (Call::in_at, Out::shape_at): no allocation per record
   // the statistics row's fields as they open in a record line (",\"min\":"), and whether each is a count
   std::array<std::string, kStatFields> stat_keys;
   std::array<bool, kStatFields> stat_count{};
@@ -159,7 +163,8 @@ struct State {
   py::object settle;  // called (GIL held) before the first op that writes in place
   py::object escape;  // the Python recorder's path for an op this file does not summarise
   at::CallbackHandle handle = 0;
-  std::unordered_map<Where, Seen, WhereHash> seen;  // rows since the last in-place write
+  std::pmr::unsynchronized_pool_resource seen_nodes;  // seen's nodes, reused after each clear (records_lock held)
+  std::pmr::unordered_map<Where, Seen, WhereHash> seen{&seen_nodes};  // rows since the last in-place write
   // full mode (Recorder._store's rules): tensors stored so far, and those Python has not taken yet
   bool full = false;
   std::vector<std::string> module_paths;  // module_names as C++ strings (tensor names)
@@ -168,6 +173,15 @@ struct State {
   int64_t pending_bytes = 0;
   int64_t hand_bytes = 16 << 20;  // past this many pending bytes Python takes them at once
   py::object hand_over;  // called (GIL held) to take the pending tensors
+  // module attribution by ModuleCall wrappers (hooks.observer.ObserverMode.wrap_modules), when installed
+  bool active = true;  // the recorder records in this step (Recorder.active): module outputs are recorded
+  bool modules_on = true;  // not paused: the wrappers push, pop and record (else they only call through)
+  bool wrapped = false;
+  py::object mod_stack;  // Recorder.stack, the module paths entered (the Python list itself)
+  py::object mod_index;  // module path -> index into module_names (a dict)
+  py::object mod_post;  // ModuleHooks._post: the forward hook's Python path, for what is recorded there
+  PyTypeObject* tensor_type = nullptr;  // torch.Tensor: only exactly this type is recorded here
+  int mod_root = -1;  // the index of the root's path "", used outside every module
 };
 
 State* state = nullptr;
@@ -358,15 +372,34 @@ void bool_row(const at::Tensor& t, Out& out) {
   for (int64_t j = 0; j < sample.numel(); ++j) r[kStatFields + j] = s[j];
 }
 
+// An output's shape, kept in State::ints (records_lock held).
+void set_shape(Out& out, const at::Tensor& t) {
+  out.shape_at = static_cast<int64_t>(state->ints.size());
+  out.ndim = t.dim();
+  state->ints.insert(state->ints.end(), t.sizes().begin(), t.sizes().end());
+}
+
+// A call's input tensors' dtypes and shapes, kept in State::ints (records_lock held).
+void set_inputs(Call& call, const std::vector<at::Tensor>& ins) {
+  auto& ints = state->ints;
+  call.in_at = static_cast<int64_t>(ints.size());
+  call.n_in = static_cast<int64_t>(ins.size());
+  for (const at::Tensor& t : ins) {
+    ints.push_back(static_cast<int64_t>(t.scalar_type()));
+    ints.push_back(t.dim());
+    ints.insert(ints.end(), t.sizes().begin(), t.sizes().end());
+  }
+}
+
 // An output's row, computed; returns the entry registered for its memory (contiguous float tensors),
 // else nullptr.
 Seen* summarise(const at::Tensor& t, Out& out) {
   const int64_t n = t.numel();
-  out.shape.assign(t.sizes().begin(), t.sizes().end());
+  set_shape(out, t);
   out.dtype = static_cast<int8_t>(t.scalar_type());
   out.layout = 0;
   if (!t.is_contiguous()) {  // hooks.opcall.layout_of
-    out.strides.assign(t.strides().begin(), t.strides().end());
+    state->ints.insert(state->ints.end(), t.strides().begin(), t.strides().end());
     out.layout = t.dim() == 4 && t.is_contiguous(at::MemoryFormat::ChannelsLast)     ? 1
                  : t.dim() == 5 && t.is_contiguous(at::MemoryFormat::ChannelsLast3d) ? 2
                                                                                       : 3;
@@ -434,7 +467,7 @@ Seen* seen_entry(const at::Tensor& t) {
 
 // An output whose row is `seen`'s (the same memory, unchanged): its own shape and dtype.
 void reuse_row(const at::Tensor& t, const Seen& seen, Out& out) {
-  out.shape.assign(t.sizes().begin(), t.sizes().end());
+  set_shape(out, t);
   out.dtype = static_cast<int8_t>(t.scalar_type());
   out.layout = 0;  // seen rows are of contiguous tensors
   out.has_row = true;
@@ -625,7 +658,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     ++state->epoch;  // earlier statistics no longer describe memory this op writes
     {
       std::lock_guard<std::mutex> lock(records_lock);
-      state->seen.clear();
+      if (!state->seen.empty()) state->seen.clear();
     }
     // background readers of the model's memory (the weight walk before the first write; in full mode
     // the bundle writer, which reads the tensors queued so far) finish before it writes
@@ -679,12 +712,8 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
   }
   {
     std::lock_guard<std::mutex> lock(records_lock);
-    Call call{state->module, info.name, 0, ordinal, state->step, {}, {}, {}};
-    for (const at::Tensor& t : call_inputs) {
-      call.in_dims.push_back(t.dim());
-      call.in_sizes.insert(call.in_sizes.end(), t.sizes().begin(), t.sizes().end());
-      call.in_dtypes.push_back(static_cast<int8_t>(t.scalar_type()));
-    }
+    Call call{state->module, info.name, 0, ordinal, state->step, 0, 0};
+    set_inputs(call, call_inputs);
     call_inputs.clear();
     const int64_t call_index = static_cast<int64_t>(state->calls.size());
     int out_i = 0;
@@ -719,12 +748,8 @@ bool record_module(int module, const std::vector<at::Tensor>& outs, const std::v
   const uint64_t okey = (static_cast<uint64_t>(static_cast<uint32_t>(module)) << 32) | static_cast<uint32_t>(name);
   const int64_t ordinal = state->ordinals[okey]++;
   ++state->ops_seen;
-  Call call{module, name, 1, ordinal, state->step, {}, {}, {}};
-  for (const at::Tensor& t : ins) {
-    call.in_dims.push_back(t.dim());
-    call.in_sizes.insert(call.in_sizes.end(), t.sizes().begin(), t.sizes().end());
-    call.in_dtypes.push_back(static_cast<int8_t>(t.scalar_type()));
-  }
+  Call call{module, name, 1, ordinal, state->step, 0, 0};
+  set_inputs(call, ins);
   const int64_t call_index = static_cast<int64_t>(state->calls.size());
   int out_i = 0;
   for (const at::Tensor& t : outs) {
@@ -735,6 +760,195 @@ bool record_module(int module, const std::vector<at::Tensor>& outs, const std::v
   }
   state->calls.push_back(std::move(call));
   return true;  // the caller (Python) takes the pending tensors next
+}
+
+// -- module attribution without torch's hooked call path -----------------------------------------
+// A ModuleCall is set as a module's instance `forward` (hooks.observer.ObserverMode.wrap_modules): it
+// does what ModuleHooks' global forward pre- and post-hook do (push the module's path on
+// Recorder.stack, pop it back, record the output), so nn.Module._call_impl keeps its fast path and no
+// Python runs per module. Outputs and positional arguments that are not plain tensors (or tuples and
+// lists of tensors and scalars) go to ModuleHooks._post as before. A forward that raises leaves the
+// stack as global hooks would (no forward hook runs).
+
+struct ModuleCall {
+  PyObject_HEAD
+  PyObject* forward;  // the forward this replaces (a bound method)
+  PyObject* module;
+  PyObject* name;  // its path, the str object Recorder.stack holds for it
+  int index;
+};
+
+bool atom(PyObject* o) {  // a leaf hooks.tensors.fast_leaves skips (a subset of its _ATOMS)
+  return o == Py_None || PyBool_Check(o) || PyLong_CheckExact(o) || PyFloat_CheckExact(o) || PyUnicode_CheckExact(o);
+}
+
+// The tensors of `o` as fast_leaves finds them, when they are all exactly torch.Tensor and `o` is one
+// or a tuple or list of them and atoms; false otherwise (the Python path walks it).
+bool plain_leaves(PyObject* o, std::vector<at::Tensor>& out) {
+  if (Py_TYPE(o) == state->tensor_type) {
+    out.push_back(THPVariable_Unpack(o));
+    return true;
+  }
+  if (!PyTuple_CheckExact(o) && !PyList_CheckExact(o)) return false;
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
+  PyObject** items = PySequence_Fast_ITEMS(o);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (Py_TYPE(items[i]) == state->tensor_type) out.push_back(THPVariable_Unpack(items[i]));
+    else if (!atom(items[i])) return false;
+  }
+  return true;
+}
+
+// ModuleHooks._post's pop: back to this module, even if an inner forward raised earlier.
+bool pop_to(PyObject* name) {
+  PyObject* stack = state->mod_stack.ptr();
+  while (PyList_GET_SIZE(stack) > 0) {
+    const Py_ssize_t n = PyList_GET_SIZE(stack);
+    PyObject* top = PyList_GET_ITEM(stack, n - 1);
+    Py_INCREF(top);
+    if (PyList_SetSlice(stack, n - 1, n, nullptr) < 0) {
+      Py_DECREF(top);
+      return false;
+    }
+    const int same = top == name ? 1 : PyObject_RichCompareBool(top, name, Py_EQ);
+    Py_DECREF(top);
+    if (same < 0) return false;
+    if (same) break;
+  }
+  return true;
+}
+
+// ObserverMode.innermost: the index of the path on top of the stack, the root's outside every module.
+int innermost_index() {
+  PyObject* stack = state->mod_stack.ptr();
+  const Py_ssize_t n = PyList_GET_SIZE(stack);
+  if (n == 0) return state->mod_root;
+  PyObject* v = PyDict_GetItemWithError(state->mod_index.ptr(), PyList_GET_ITEM(stack, n - 1));
+  if (v == nullptr) {
+    PyErr_Clear();
+    return -1;
+  }
+  return static_cast<int>(PyLong_AsLong(v));
+}
+
+// The forward hook's work; false with a Python error set.
+bool module_returned(ModuleCall* self, PyObject* args, PyObject* output) {
+  std::vector<at::Tensor> outs, ins;
+  if (plain_leaves(output, outs) && plain_leaves(args, ins)) {
+    if (!pop_to(self->name)) return false;
+    const int inner = innermost_index();
+    if (!state->active) {  // nothing to record
+      state->module = inner;
+      return true;
+    }
+    bool recorded = false;
+    try {
+      recorded = record_module(self->index, outs, ins, inner);
+    } catch (const std::exception&) {  // the Python path says what is wrong with this output
+      recorded = false;
+    }
+    if (recorded) {
+      if (!state->full) return true;
+      try {
+        state->hand_over();  // full mode: its tensors go to the writer between modules
+      } catch (py::error_already_set& e) {
+        e.restore();
+        return false;
+      }
+      return true;
+    }
+    if (PyList_Append(state->mod_stack.ptr(), self->name) < 0) return false;  // the Python path pops it itself
+  }
+  PyObject* r = PyObject_CallFunctionObjArgs(state->mod_post.ptr(), self->module, args, output, nullptr);
+  if (r == nullptr) return false;
+  Py_DECREF(r);
+  return true;
+}
+
+PyObject* module_call(PyObject* self_, PyObject* args, PyObject* kwargs) {
+  auto* self = reinterpret_cast<ModuleCall*>(self_);
+  if (state == nullptr || !state->wrapped || !state->modules_on) return PyObject_Call(self->forward, args, kwargs);
+  if (PyList_Append(state->mod_stack.ptr(), self->name) < 0) return nullptr;
+  state->module = self->index;
+  PyObject* output = PyObject_Call(self->forward, args, kwargs);
+  if (output == nullptr || state == nullptr || !state->wrapped) return output;
+  if (!module_returned(self, args, output)) {
+    Py_DECREF(output);
+    return nullptr;
+  }
+  return output;
+}
+
+int module_call_traverse(PyObject* self_, visitproc visit, void* arg) {
+  auto* self = reinterpret_cast<ModuleCall*>(self_);
+  Py_VISIT(self->forward);
+  Py_VISIT(self->module);
+  Py_VISIT(self->name);
+  return 0;
+}
+
+int module_call_clear(PyObject* self_) {
+  auto* self = reinterpret_cast<ModuleCall*>(self_);
+  Py_CLEAR(self->forward);
+  Py_CLEAR(self->module);
+  Py_CLEAR(self->name);
+  return 0;
+}
+
+void module_call_dealloc(PyObject* self_) {
+  PyObject_GC_UnTrack(self_);
+  module_call_clear(self_);
+  PyTypeObject* type = Py_TYPE(self_);
+  type->tp_free(self_);
+  Py_DECREF(type);
+}
+
+PyMemberDef module_call_members[] = {
+    {"__wrapped__", T_OBJECT, offsetof(ModuleCall, forward), READONLY, "the forward it calls (inspect.signature)"},
+    {"__self__", T_OBJECT, offsetof(ModuleCall, module), READONLY, "the module"},
+    {nullptr, 0, 0, 0, nullptr}};
+
+PyType_Slot module_call_slots[] = {
+    {Py_tp_call, reinterpret_cast<void*>(module_call)},
+    {Py_tp_traverse, reinterpret_cast<void*>(module_call_traverse)},
+    {Py_tp_clear, reinterpret_cast<void*>(module_call_clear)},
+    {Py_tp_dealloc, reinterpret_cast<void*>(module_call_dealloc)},
+    {Py_tp_members, module_call_members},
+    {Py_tp_doc, const_cast<char*>("a module's forward with opband's module attribution around it")},
+    {0, nullptr}};
+
+PyType_Spec module_call_spec = {"hooks._observer.ModuleCall", sizeof(ModuleCall), 0,
+                                Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, module_call_slots};
+
+PyTypeObject* module_call_type = nullptr;
+
+py::object module_call_new(py::object forward, py::object module, py::str name, int index) {
+  auto* self = PyObject_GC_New(ModuleCall, module_call_type);
+  if (self == nullptr) throw py::error_already_set();
+  self->forward = forward.release().ptr();
+  self->module = module.release().ptr();
+  self->name = name.release().ptr();
+  self->index = index;
+  PyObject_GC_Track(reinterpret_cast<PyObject*>(self));
+  return py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(self));
+}
+
+void wrap_modules(py::list stack, py::dict index, py::object post, py::object tensor_type, int root) {
+  TORCH_CHECK(state != nullptr, "start the observer first");
+  state->mod_stack = std::move(stack);
+  state->mod_index = std::move(index);
+  state->mod_post = std::move(post);
+  state->tensor_type = reinterpret_cast<PyTypeObject*>(tensor_type.ptr());
+  state->mod_root = root;
+  state->wrapped = true;
+}
+
+void unwrap_modules() {
+  if (state == nullptr) return;
+  state->wrapped = false;
+  state->mod_stack = py::object();
+  state->mod_index = py::object();
+  state->mod_post = py::object();
 }
 
 // Full mode: the tensors queued since the last call, as (name, c10::ScalarType code, shape, HeldBytes),
@@ -808,11 +1022,14 @@ void stop() {
   state = nullptr;
 }
 
-void set_state(bool on, int module, int64_t step) {
+void set_state(bool on, int module, int64_t step, bool active, bool modules_on) {
   if (state == nullptr) return;
   state->on = on;
+  state->active = active;
+  state->modules_on = modules_on;
   state->module = module;
-  if (state->per_step && step != state->step) state->ordinals.clear();
+  if (state->per_step && step != state->step)
+    for (auto& kv : state->ordinals) kv.second = 0;  // numbered afresh, the entries kept (no allocation per step)
   state->step = step;
 }
 
@@ -1014,19 +1231,20 @@ py::list drain_lines(int64_t base, py::dict dtype_names) {
     line += ",\"index\":";
     json_int(line, base++);
     line += ",\"input_shapes\":[";
-    size_t at = 0;
-    for (size_t i = 0; i < c.in_dims.size(); ++i) {
+    const int64_t* ints = state->ints.data();
+    for (int64_t i = 0, at = c.in_at; i < c.n_in; ++i) {  // each input: dtype, dim, sizes
       if (i) line += ',';
-      json_ints(line, c.in_sizes.data() + at, static_cast<size_t>(c.in_dims[i]));
-      at += static_cast<size_t>(c.in_dims[i]);
+      json_ints(line, ints + at + 2, static_cast<size_t>(ints[at + 1]));
+      at += 2 + ints[at + 1];
     }
     line += "],\"input_dtypes\":[";
-    for (size_t i = 0; i < c.in_dtypes.size(); ++i) {
+    for (int64_t i = 0, at = c.in_at; i < c.n_in; ++i) {
       if (i) line += ',';
-      line += dtype_name(c.in_dtypes[i]);
+      line += dtype_name(static_cast<int8_t>(ints[at]));
+      at += 2 + ints[at + 1];
     }
     line += "],\"shape\":";
-    json_ints(line, o.shape.data(), o.shape.size());
+    json_ints(line, ints + o.shape_at, static_cast<size_t>(o.ndim));
     line += ",\"dtype\":";
     line += dtype_name(o.dtype);
     if (!o.tensor.empty()) {
@@ -1041,7 +1259,7 @@ py::list drain_lines(int64_t base, py::dict dtype_names) {
     json_int(line, c.step);
     if (o.layout != 0) {
       line += ",\"strides\":";
-      json_ints(line, o.strides.data(), o.strides.size());
+      json_ints(line, ints + o.shape_at + o.ndim, static_cast<size_t>(o.ndim));
       line += ",\"memory_format\":";
       line += formats[static_cast<size_t>(o.layout)];
     }
@@ -1050,6 +1268,7 @@ py::list drain_lines(int64_t base, py::dict dtype_names) {
   }
   state->outs.clear();
   state->calls.clear();
+  state->ints.clear();
   return lines;
 }
 
@@ -1095,7 +1314,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       });
   m.def("start", &start, "install the observer on this thread");
   m.def("stop", &stop, "remove it and forget its state");
-  m.def("set_state", &set_state, "recording on/off, the innermost module, the step");
+  m.def("set_state", &set_state, "recording on/off, the innermost module, the step, the recorder active, modules hooked",
+        py::arg("on"), py::arg("module"), py::arg("step"), py::arg("active") = true, py::arg("modules_on") = true);
+  module_call_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&module_call_spec));
+  if (module_call_type == nullptr) throw py::error_already_set();
+  m.attr("ModuleCall") = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(module_call_type));
+  m.def("module_call", &module_call_new, "a module's forward wrapped with the module attribution (set as its instance forward)");
+  m.def("wrap_modules", &wrap_modules, "ModuleCall wrappers are installed: the stack, path -> index, the Python post-hook, torch.Tensor, the root's index");
+  m.def("unwrap_modules", &unwrap_modules, "the wrappers are gone (they call through from now on)");
   m.def("json_float", [](double v) { std::string out; json_float(out, v); return out; },
         "a float as the record lines write it (pydantic's, for the tests)");
   m.def("drain_lines", &drain_lines, "the records made since the last drain, as pydantic's JSON lines");
