@@ -7,9 +7,12 @@ the calls the dispatch mode would see (the outermost call that no ``CompositeImp
 kernel decomposes before the Python key), counts views and metadata ops as skipped, numbers each
 call per module and op as the recorder does, and summarises each output with
 :mod:`accuracy.fused`'s statistics kernel, called by address, so a record is the one
-:class:`~hooks.modes.AtenMode` makes. The module hooks stay in Python (module attribution): they
-tell the observer the innermost module and hand it each module's output tensors
-(:meth:`ObserverMode.record_module`), which it records in order with the ops. Records leave the
+:class:`~hooks.modes.AtenMode` makes. Module attribution is compiled too (:meth:`ObserverMode.wrap_modules`):
+each module's instance ``forward`` becomes a wrapper that does what the dispatch mode's global forward
+hooks do (push the module's path on the recorder's stack, pop it, record the output tensors in order
+with the ops), so ``nn.Module._call_impl`` keeps its fast path; an output that is not plain tensors goes
+to the Python hook (:meth:`ObserverMode.record_module`), and a model the wrappers cannot serve keeps the
+global hooks. Records leave the
 observer as the JSON lines the bundle stores (byte for byte what pydantic writes). Any call with an
 output the observer does not summarise itself (quantized, complex, a tensor subclass, an
 accelerator tensor, a large tensor summarised by several threads) goes to the recorder in Python,

@@ -404,3 +404,27 @@ def test_full_mode_stores_a_module_output_once(tmp_path: Path) -> None:
     assert records["0/forward#0"].tensor == records["0/aten.mm#0"].tensor
     assert records["1/forward#0"].tensor == records["1/aten.relu#0"].tensor == records["/forward#0"].tensor
     assert len(Bundle.open(seen.bundle_path).tensors) == len({r.tensor for r in seen.records})
+
+
+class _ManyOutputs(nn.Module):
+    """More summarised outputs than the observer keeps rows for between in-place writes (4,097), each
+    module output the view of its last op's output, so row reuse is asked for past the table's clear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cells = nn.ModuleList(nn.Identity() for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = x
+        for i in range(4500):
+            y = (x + i).view(-1)
+            out = self.cells[i % 3](y) if i % 7 == 0 else out
+        return out
+
+
+@pytest.mark.parametrize("mode", ["summary", "full"])
+def test_more_rows_than_the_observer_table_holds_record_the_same(mode: str, tmp_path: Path) -> None:
+    model = _ManyOutputs()
+    x = torch.arange(6.0).reshape(2, 3)
+    _, seen = _same_records(tmp_path, "many", model, lambda cap: model(x), mode=mode)
+    assert sum(r.op == "aten.add" for r in seen.records) == 4500

@@ -28,7 +28,6 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
-#include <memory_resource>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -97,18 +96,106 @@ struct Where {
   }
 };
 
-struct WhereHash {
-  size_t operator()(const Where& w) const {
-    return std::hash<const void*>()(w.storage) ^ (std::hash<int64_t>()(w.offset) * 31) ^
-           (std::hash<int64_t>()(w.numel) * 131) ^ static_cast<size_t>(w.dtype);
-  }
-};
+inline uint64_t mix(uint64_t h) { return h * 0x9E3779B97F4A7C15ull; }  // Fibonacci hashing: take the high bits
 
 struct Seen {
   c10::weak_intrusive_ptr<c10::StorageImpl> storage;  // keeps the address from being reused while held
   std::array<double, kRow> row;
   int64_t row_id;
   std::string tensor;  // full mode: the tensor stored from this memory (Recorder.by_storage), or empty
+};
+
+// The rows summarised since the last in-place write, by where their bytes live: an open-addressing
+// table (one cache line a lookup, the model's weights evict it between ops) over entries kept in
+// insertion order; clear() is a new generation. Callers clear it past kMaxSeen entries (one more fits).
+class SeenTable {
+ public:
+  static constexpr size_t kMaxSeen = 4096;
+  SeenTable() : slots_(kSlots) { rows_.reserve(kMaxSeen + 1); }  // entries never move: Seen* stay valid
+  size_t size() const { return rows_.size(); }
+  bool empty() const { return rows_.empty(); }
+  void clear() {
+    rows_.clear();
+    if (++gen_ == 0) {  // wrapped: no slot may look live
+      std::fill(slots_.begin(), slots_.end(), Slot{});
+      gen_ = 1;
+    }
+  }
+  Seen* find(const Where& w) {
+    for (size_t i = home(w);; i = (i + 1) & (kSlots - 1)) {
+      const Slot& slot = slots_[i];
+      if (slot.gen != gen_) return nullptr;
+      if (slot.key == w) return &rows_[slot.index];
+    }
+  }
+  Seen* insert_or_assign(const Where& w, Seen&& seen) {
+    for (size_t i = home(w);; i = (i + 1) & (kSlots - 1)) {
+      Slot& slot = slots_[i];
+      if (slot.gen != gen_) {
+        slot = Slot{w, static_cast<uint32_t>(rows_.size()), gen_};
+        rows_.push_back(std::move(seen));
+        return &rows_.back();
+      }
+      if (slot.key == w) {
+        rows_[slot.index] = std::move(seen);
+        return &rows_[slot.index];
+      }
+    }
+  }
+
+ private:
+  static constexpr size_t kSlots = 8192;  // a power of two, twice kMaxSeen: probes stay short
+  struct Slot {
+    Where key{nullptr, 0, 0, 0};
+    uint32_t index = 0;
+    uint32_t gen = 0;  // live in generation gen_ only
+  };
+  static size_t home(const Where& w) {
+    const uint64_t h = reinterpret_cast<uintptr_t>(w.storage) ^ mix(static_cast<uint64_t>(w.offset) + 1) ^
+                       (static_cast<uint64_t>(w.numel) << 8) ^ static_cast<uint64_t>(w.dtype);
+    return static_cast<size_t>(mix(h) >> 51);  // 13 bits: kSlots
+  }
+  std::vector<Slot> slots_;
+  std::vector<Seen> rows_;
+  uint32_t gen_ = 1;
+};
+
+// Call ordinals per (module, op) key, open addressing: one cache line a lookup, no allocation per key.
+class OrdinalTable {
+ public:
+  OrdinalTable() : slots_(64) {}
+  int64_t next(uint64_t key) {  // the key's ordinal, then counted
+    if (used_ * 2 >= slots_.size()) grow();
+    Slot& slot = at(key);
+    if (slot.key != key) {
+      slot.key = key;
+      ++used_;
+    }
+    return slot.count++;
+  }
+  void restart() {  // every key numbered from 0 again (a new step), the keys kept
+    for (Slot& slot : slots_) slot.count = 0;
+  }
+
+ private:
+  static constexpr uint64_t kEmpty = ~0ull;  // no key: module and op index are never both 0xFFFFFFFF
+  struct Slot {
+    uint64_t key = kEmpty;
+    int64_t count = 0;
+  };
+  Slot& at(uint64_t key) {
+    const size_t mask = slots_.size() - 1;
+    for (size_t i = static_cast<size_t>(mix(key) >> 40) & mask;; i = (i + 1) & mask)
+      if (slots_[i].key == key || slots_[i].key == kEmpty) return slots_[i];
+  }
+  void grow() {
+    std::vector<Slot> old(slots_.size() * 2);
+    old.swap(slots_);
+    for (const Slot& s : old)
+      if (s.key != kEmpty) at(s.key) = s;
+  }
+  std::vector<Slot> slots_;
+  size_t used_ = 0;
 };
 
 // Full mode: a tensor stored already, by the TensorImpl it came from (Recorder.stored): the same
@@ -149,7 +236,7 @@ struct State {
   std::vector<std::string> names;
   std::unordered_map<std::string, int> name_index;
   std::unordered_map<const void*, OpInfo> ops;  // by the schema's overload-name address
-  std::unordered_map<uint64_t, int64_t> ordinals;
+  OrdinalTable ordinals;
   std::vector<Call> calls;
   std::vector<Out> outs;
   std::vector<int64_t> ints;  // the records' shapes (Call::in_at, Out::shape_at): no allocation per record
@@ -163,8 +250,7 @@ struct State {
   py::object settle;  // called (GIL held) before the first op that writes in place
   py::object escape;  // the Python recorder's path for an op this file does not summarise
   at::CallbackHandle handle = 0;
-  std::pmr::unsynchronized_pool_resource seen_nodes;  // seen's nodes, reused after each clear (records_lock held)
-  std::pmr::unordered_map<Where, Seen, WhereHash> seen{&seen_nodes};  // rows since the last in-place write
+  SeenTable seen;  // rows since the last in-place write
   // full mode (Recorder._store's rules): tensors stored so far, and those Python has not taken yet
   bool full = false;
   std::vector<std::string> module_paths;  // module_names as C++ strings (tensor names)
@@ -423,12 +509,11 @@ Seen* summarise(const at::Tensor& t, Out& out) {
   state->row_fn[slot](reinterpret_cast<int64_t>(x.const_data_ptr()), n, reinterpret_cast<int64_t>(idx.const_data_ptr()),
                       idx.numel(), state->cancel[slot], out.row.data(), kRow);
   if (t.has_storage() && t.is_contiguous() && kernel_slot(t.scalar_type()) >= 0) {
-    if (state->seen.size() > 4096) state->seen.clear();
+    if (state->seen.size() > SeenTable::kMaxSeen) state->seen.clear();
     const c10::Storage& storage = t.storage();
     out.row_id = ++state->row_ids;
-    return &state->seen.insert_or_assign(Where{storage.unsafeGetStorageImpl(), t.storage_offset(), n, out.dtype},
-                                         Seen{c10::weak_intrusive_ptr<c10::StorageImpl>(storage.getWeakStorageImpl()), out.row, out.row_id})
-                .first->second;
+    return state->seen.insert_or_assign(Where{storage.unsafeGetStorageImpl(), t.storage_offset(), n, out.dtype},
+                                        Seen{c10::weak_intrusive_ptr<c10::StorageImpl>(storage.getWeakStorageImpl()), out.row, out.row_id});
   }
   return nullptr;
 }
@@ -451,18 +536,18 @@ Seen* seen_entry(const at::Tensor& t) {
     return nullptr;
   const c10::Storage& storage = t.storage();
   const int64_t n = t.numel();
-  auto it = state->seen.find(Where{storage.unsafeGetStorageImpl(), t.storage_offset(), n, static_cast<int8_t>(t.scalar_type())});
-  if (it == state->seen.end()) return nullptr;
-  auto held = it->second.storage.lock();
+  Seen* seen = state->seen.find(Where{storage.unsafeGetStorageImpl(), t.storage_offset(), n, static_cast<int8_t>(t.scalar_type())});
+  if (seen == nullptr) return nullptr;
+  auto held = seen->storage.lock();
   if (!held || held.get() != storage.unsafeGetStorageImpl()) return nullptr;
-  const auto& row = it->second.row;
+  const auto& row = seen->row;
   const at::Tensor& idx = sample_index(n);
   const int64_t* at = idx.const_data_ptr<int64_t>();
   for (int64_t j = 0; j < idx.numel(); ++j) {
     const double now = element(t, at[j]), then = row[kStatFields + j];
     if (!(now == then || (now != now && then != then))) return nullptr;
   }
-  return &it->second;
+  return seen;
 }
 
 // An output whose row is `seen`'s (the same memory, unchanged): its own shape and dtype.
@@ -700,7 +785,7 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
     return;
   }
   const uint64_t okey = (static_cast<uint64_t>(static_cast<uint32_t>(state->module)) << 32) | static_cast<uint32_t>(info.name);
-  const int64_t ordinal = state->ordinals[okey]++;
+  const int64_t ordinal = state->ordinals.next(okey);
   ++state->ops_seen;
   const auto& outputs = fn.outputs();
   bool plain_inputs = true;
@@ -746,7 +831,7 @@ bool record_module(int module, const std::vector<at::Tensor>& outs, const std::v
   std::lock_guard<std::mutex> lock(records_lock);
   const int name = name_id("forward");
   const uint64_t okey = (static_cast<uint64_t>(static_cast<uint32_t>(module)) << 32) | static_cast<uint32_t>(name);
-  const int64_t ordinal = state->ordinals[okey]++;
+  const int64_t ordinal = state->ordinals.next(okey);
   ++state->ops_seen;
   Call call{module, name, 1, ordinal, state->step, 0, 0};
   set_inputs(call, ins);
@@ -980,6 +1065,9 @@ void start(py::dict opts) {
               kStatFields, " fields and ", kSample, " samples, the capture format has ", fields.size(), " and ", sample,
               ": reinstall opband");
   state = new State();
+  state->calls.reserve(4096);  // a decode step's records without regrowing (Out is ~300 bytes)
+  state->outs.reserve(4096);
+  state->ints.reserve(1 << 15);
   for (int f = 0; f < kStatFields; ++f) {
     state->stat_keys[f] = (f ? ",\"" : "{\"") + fields[f] + "\":";
     state->stat_count[f] = std::find(counts.begin(), counts.end(), fields[f]) != counts.end();
@@ -1029,7 +1117,7 @@ void set_state(bool on, int module, int64_t step, bool active, bool modules_on) 
   state->modules_on = modules_on;
   state->module = module;
   if (state->per_step && step != state->step)
-    for (auto& kv : state->ordinals) kv.second = 0;  // numbered afresh, the entries kept (no allocation per step)
+    state->ordinals.restart();
   state->step = step;
 }
 
