@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from accuracy import fused
+from accuracy.bundle.writer import RecordLines
 from accuracy.capture_format import KERNEL_DTYPES, SAMPLE_SIZE, STAT_COUNTS, STAT_FIELDS
 from accuracy.manifest import Record
 from hooks.options import CaptureOptions
@@ -220,11 +221,11 @@ class ObserverMode:
         assert _observer is not None
         rec = self.rec
         self._hand_over()
-        batch = _observer.drain_lines(len(rec.log), _dtype_names())  # JSON lines, as the bundle stores them
-        if self.unwritten:  # no record names a tensor the bundle does not hold
-            batch = [self._unnamed(line) for line in batch]
-        if batch:
-            rec.log.add_lines(batch)
+        data, count = _observer.drain_lines(len(rec.log), _dtype_names())  # JSON lines, as the bundle stores them
+        if count:
+            batch = RecordLines(data, count)
+            # no record names a tensor the bundle does not hold
+            rec.log.add_lines([self._unnamed(line) for line in batch.lines()] if self.unwritten else batch)
         rec.stats.epoch = _observer.epoch()  # the writes it saw: earlier rows of the same memory are stale
 
     def record_module(self, name: str, args: Any, output: Any) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any, get_args
 
+from accuracy.bundle.writer import RecordLines
 from accuracy.capture_format import RECORD_FIELDS
 from accuracy.manifest import Record, RecordKind, Stats, parse_record
 
@@ -30,30 +31,41 @@ class RecordLog:
     and the compiled observer's JSON lines, until :meth:`settle` makes them the bundle's records."""
 
     def __init__(self) -> None:
-        self._items: list[dict[str, Any] | bytes] = []
+        self._items: list[dict[str, Any] | bytes | RecordLines] = []
         self._slots: list[int | None] = []  # per item: its statistics row, or None
         self._lines = 0
-        self._final: list[Record | bytes] | None = None
+        self._count = 0  # records (a RecordLines item holds several)
+        self._final: list[Record | bytes | RecordLines] | None = None
 
     def __len__(self) -> int:
-        return len(self._final) if self._final is not None else len(self._items)
+        return self._count
 
     def add(self, fields: dict[str, Any], slot: int | None) -> None:
         """A record's fields (:func:`record_fields`); its statistics come from row ``slot`` at the end."""
         self._items.append(fields)
         self._slots.append(slot)
+        self._count += 1
 
     def amend(self, since: int, **fields: Any) -> None:
-        """Change ``fields`` of the records added from position ``since`` on (an importer's names)."""
+        """Change ``fields`` of the records made from fields from position ``since`` on (an importer's
+        names; importers add no lines)."""
         for r in self._items[since:]:
-            if type(r) is not bytes:
-                r.update(fields)  # type: ignore[union-attr]
+            if type(r) is dict:
+                r.update(fields)
 
-    def add_lines(self, lines: Sequence[bytes]) -> None:
-        """Records as the JSON lines the bundle stores (statistics included), in order after the others."""
-        self._items.extend(lines)
-        self._slots.extend([None] * len(lines))
-        self._lines += len(lines)
+    def add_lines(self, lines: Sequence[bytes] | RecordLines) -> None:
+        """Records as the JSON lines the bundle stores (statistics included), in order after the others:
+        one bytes object each, or several in one :class:`~accuracy.bundle.writer.RecordLines`."""
+        if type(lines) is RecordLines:
+            self._items.append(lines)
+            self._slots.append(None)
+            n = lines.count
+        else:
+            self._items.extend(lines)  # type: ignore[arg-type]
+            self._slots.extend([None] * len(lines))
+            n = len(lines)
+        self._lines += n
+        self._count += n
 
     def fill_stats(self, rows: Sequence[dict[str, Any]]) -> None:
         """Each record's statistics from its row (``StatsBatch.to_host``'s dicts)."""
@@ -65,23 +77,23 @@ class RecordLog:
         """The records made from fields, for the manifest: built without validation when ``trusted``
         (every value made by this package has its field's type) and they pass :func:`_built_records`'
         checks, else the dicts, for pydantic to validate and say what is odd."""
-        dicts: list[Any] = [r for r in self._items if type(r) is not bytes] if self._lines else self._items
+        dicts: list[Any] = [r for r in self._items if type(r) is dict] if self._lines else self._items
         return _built_records(dicts) if trusted else dicts
 
     def unchecked(self) -> list[Record]:
         """The records made from fields, built as they are (after validation failed: what was recorded is kept)."""
         return [Record.model_construct(**{**r, "stats": Stats.model_construct(**r["stats"])
                                           if isinstance(r["stats"], dict) else r["stats"]})
-                for r in self._items if type(r) is not bytes]  # type: ignore[arg-type]
+                for r in self._items if type(r) is dict]  # type: ignore[arg-type]
 
-    def settle(self, models: list[Record]) -> list[Record | bytes]:
+    def settle(self, models: list[Record]) -> list[Record | bytes | RecordLines]:
         """The final records in execution order: ``models`` (made from :meth:`fields`) in their places
         between the observer's lines. Later reads (:meth:`records`) see these."""
         if not self._lines:
             self._final = list(models)
         else:
             built = iter(models)
-            self._final = [r if type(r) is bytes else next(built) for r in self._items]
+            self._final = [next(built) if type(r) is dict else r for r in self._items]  # type: ignore[misc]
         self._items, self._slots = [], []
         return self._final
 
@@ -93,7 +105,13 @@ class RecordLog:
     def lines(self) -> list[bytes]:
         """The records the compiled observer handed over, as its JSON lines."""
         items: list[Any] = self._final if self._final is not None else self._items
-        return [r for r in items if type(r) is bytes]
+        out: list[bytes] = []
+        for r in items:
+            if type(r) is bytes:
+                out.append(r)
+            elif type(r) is RecordLines:
+                out.extend(r.lines())
+        return out
 
     def records(self) -> Iterator[Record]:
         """Every record so far as a :class:`~accuracy.manifest.Record`, in execution order."""
@@ -103,6 +121,9 @@ class RecordLog:
                 yield r
             elif type(r) is bytes:
                 yield parse_record(r)
+            elif type(r) is RecordLines:
+                for line in r.lines():
+                    yield parse_record(line)
             else:
                 yield Record.model_construct(**r)
 

@@ -44,6 +44,20 @@ MIN_HEADER_RESERVE = 1 << 20
 _BLOCK = 4096  # the data region starts block-aligned, so it can be shifted without a copy
 
 
+class RecordLines:
+    """Consecutive records as the JSON lines the bundle stores, in one buffer, each line ending in a
+    newline (the compiled observer hands its records over this way: no object per record)."""
+
+    __slots__ = ("data", "count")
+
+    def __init__(self, data: bytes, count: int) -> None:
+        self.data, self.count = data, count
+
+    def lines(self) -> list[bytes]:
+        """One bytes object per record."""
+        return self.data.split(b"\n")[:-1] if self.count else []
+
+
 class BundleWriter:
     """Streams tensors and records into a bundle; call :meth:`close` with the manifest to finish.
 
@@ -94,15 +108,22 @@ class BundleWriter:
         """Append one record (spooled to a temporary file until :meth:`close`)."""
         self.add_records((record,))
 
-    def add_records(self, records: Iterable[Record | bytes]) -> None:
+    def add_records(self, records: Iterable[Record | bytes | RecordLines]) -> None:
         """Append records, in order (one spool write per 4096: a capture's exit writes all of its records);
-        ``bytes`` is a record's line as ``Record.model_dump_json(exclude_none=True)`` writes it."""
+        ``bytes`` is a record's line as ``Record.model_dump_json(exclude_none=True)`` writes it,
+        :class:`RecordLines` several such lines."""
         if self._file is None:
             raise BundleError("bundle writer is closed")
         lines: list[bytes] = []
         for record in records:  # what model_dump_json(exclude_none=True) calls, without its Python wrapper
             # (or that line already: hooks.observer writes its records as pydantic would)
-            lines.append(record if type(record) is bytes else record.__pydantic_serializer__.to_json(record, exclude_none=True))
+            kind = type(record)
+            if kind is RecordLines:
+                self._spool_lines(lines)
+                self._records.write(record.data)  # type: ignore[union-attr]
+                self._record_count += record.count  # type: ignore[union-attr]
+                continue
+            lines.append(record if kind is bytes else record.__pydantic_serializer__.to_json(record, exclude_none=True))  # type: ignore[union-attr]
             if len(lines) == 4096:
                 self._spool_lines(lines)
         self._spool_lines(lines)

@@ -1272,12 +1272,11 @@ struct RowTexts {
   }
 };
 
-// The records made since the last drain as JSON lines (index from `base`); `dtype_names` by
-// c10::ScalarType code.
-py::list drain_lines(int64_t base, py::dict dtype_names) {
+// The records made since the last drain as JSON lines (index from `base`), each ending in a newline, in
+// one buffer, and their number; `dtype_names` by c10::ScalarType code.
+py::tuple drain_lines(int64_t base, py::dict dtype_names) {
   std::lock_guard<std::mutex> lock(records_lock);
-  py::list lines;
-  if (state == nullptr) return lines;
+  if (state == nullptr) return py::make_tuple(py::bytes(), 0);
   std::vector<std::string> dtype_of(64);
   auto dtype_name = [&](int8_t code) -> const std::string& {
     auto& slot = dtype_of.at(static_cast<size_t>(code));
@@ -1292,13 +1291,14 @@ py::list drain_lines(int64_t base, py::dict dtype_names) {
   static const std::array<const char*, 2> kinds = {"\"aten\"", "\"module\""};
   static const std::array<const char*, 4> formats = {"", "\"channels_last\"", "\"channels_last_3d\"", "\"strided\""};
   RowTexts row_texts;
-  std::string line;
+  std::string line;  // every line, one after the other
+  line.reserve(state->outs.size() * 1024);
+  int64_t count = 0;
   for (const Out& o : state->outs) {
     const Call& c = state->calls[static_cast<size_t>(o.call)];
     auto& module = module_json.at(static_cast<size_t>(c.module + 1));
     if (module.empty()) json_string(module, c.module >= 0 ? state->module_names[static_cast<size_t>(c.module)].cast<std::string>() : "");
     const std::string& op = state->names[static_cast<size_t>(c.name)];
-    line.clear();
     line += "{\"key\":\"";
     line.append(module, 1, module.size() - 2);  // escaped, unquoted
     line += '/';
@@ -1351,13 +1351,13 @@ py::list drain_lines(int64_t base, py::dict dtype_names) {
       line += ",\"memory_format\":";
       line += formats[static_cast<size_t>(o.layout)];
     }
-    line += '}';
-    lines.append(py::bytes(line));
+    line += "}\n";
+    ++count;
   }
   state->outs.clear();
   state->calls.clear();
   state->ints.clear();
-  return lines;
+  return py::make_tuple(py::bytes(line), count);
 }
 
 py::dict counts() {
@@ -1412,7 +1412,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("unwrap_modules", &unwrap_modules, "the wrappers are gone (they call through from now on)");
   m.def("json_float", [](double v) { std::string out; json_float(out, v); return out; },
         "a float as the record lines write it (pydantic's, for the tests)");
-  m.def("drain_lines", &drain_lines, "the records made since the last drain, as pydantic's JSON lines");
+  m.def("drain_lines", &drain_lines, "the records made since the last drain, as pydantic's JSON lines in one buffer, and their number");
   m.def("counts", &counts, "skipped calls per op, ops seen");
   m.def("record_module", &record_module, "a module's output tensors as a module record; False if Python must");
   m.def("stored_name", &stored_name, "full mode: the name of a tensor stored here that this one is, or None");
