@@ -252,14 +252,17 @@ class ObserverMode:
         self.sync()
         return False
 
-    def _escape(self, module: int, op: str, ordinal: int, out: Any, inputs: list[torch.Tensor], mutated: bool) -> None:
-        """A call whose outputs the observer does not summarise: the recorder's own path, same key."""
+    def _escape(self, module: int, op: str, ordinal: int, out: Any, shapes: list[list[int] | None],
+                dtypes: list[int], mutated: bool) -> None:
+        """A call whose outputs the observer does not summarise: the recorder's own path, same key; its
+        inputs as the observer read them at the call's start (shapes, c10::ScalarType codes)."""
         rec = self.rec
         self.drain()
         name = self.names[module] if module >= 0 else ""
+        signature = (shapes, [_dtype_names()[code] for code in dtypes])
         # its torch ops are not the model's (no state sync: the observer is inside), nor a nested capture's
         with rec.own_ops(), torch._C._DisableTorchDispatch():
-            rec.record("aten", name, op, rec.key(name, op, ordinal), ordinal, out, inputs, None, mutated)
+            rec.record("aten", name, op, rec.key(name, op, ordinal), ordinal, out, (), None, mutated, signature)
 
     def before_unseen_ops(self) -> None:
         """Ops the observer must not record are about to run (a compiled block): background readers

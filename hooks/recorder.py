@@ -244,15 +244,16 @@ class Recorder:
 
     def record(self, kind: str, module: str, op: str, key: str, ordinal: int, outputs: Any,
                in_tensors: Sequence[Any] = (), input_names: list[str | None] | None = None,
-               mutated: bool = False) -> None:
+               mutated: bool = False, signature: tuple[list[list[int] | None], list[str | None]] | None = None) -> None:
         """Record every tensor in ``outputs`` under ``key``. Never raises.
 
         ``mutated``: the op wrote into its outputs in place (``add_``, ``out=``). Inside a dispatch
         mode the version counter is bumped only after the op returns, so such outputs must not be
-        matched against copies or statistics taken earlier.
+        matched against copies or statistics taken earlier. ``signature``: the inputs' shapes and dtype
+        names, when the caller read them instead of passing ``in_tensors``.
         """
         try:
-            shapes, dtypes = _signature(in_tensors)
+            shapes, dtypes = _signature(in_tensors) if signature is None else signature
             tensors = [outputs] if type(outputs) is torch.Tensor else fast_leaves(outputs)
         except Exception as e:  # noqa: BLE001
             self.diagnose(key, e)

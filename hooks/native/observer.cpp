@@ -281,7 +281,11 @@ struct Frame {
 };
 thread_local std::vector<Frame> frames;  // one per open call
 thread_local bool inside = false;  // this file runs torch ops itself (sample indices)
-thread_local std::vector<at::Tensor> call_inputs;  // the open recorded call's tensor inputs (read at its start)
+// The open recorded call's tensor inputs, read at its start (the only time they are readable): per input
+// its dtype code, its dim (-1: nested, no shape), then its sizes; no reference to the tensors is held.
+thread_local std::vector<int64_t> call_inputs;
+thread_local int64_t call_n_in = 0;
+thread_local bool call_nested = false;
 
 // Runs ATen ops of this file's own: neither the observer nor a dispatch mode (a nested capture's) sees them.
 template <typename F>
@@ -673,11 +677,24 @@ py::list as_list(const std::vector<py::object>& items) {
 
 // The whole call to the Python recorder (GIL held by call_python), under the key made here.
 void escape(const at::RecordFunction& fn, const OpInfo& info, int64_t ordinal) {
-  std::vector<py::object> outs, ins;
+  std::vector<py::object> outs;
   for (const auto& v : fn.outputs()) outs.push_back(torch::jit::toPyObject(v));
-  for (const at::Tensor& t : call_inputs) ins.push_back(py::cast(t));
+  py::list shapes(call_n_in), dtypes(call_n_in);  // the inputs' signature (Recorder.record's)
+  for (int64_t i = 0, at = 0; i < call_n_in; ++i) {
+    dtypes[i] = py::int_(call_inputs[at]);
+    const int64_t dim = call_inputs[at + 1];
+    if (dim < 0) {
+      shapes[i] = py::none();
+      at += 2;
+      continue;
+    }
+    py::list shape(dim);
+    for (int64_t d = 0; d < dim; ++d) shape[d] = py::int_(call_inputs[at + 2 + d]);
+    shapes[i] = std::move(shape);
+    at += 2 + dim;
+  }
   py::object out = outs.size() == 1 ? outs[0] : py::object(py::tuple(as_list(outs)));
-  state->escape(state->module, state->names[info.name], ordinal, out, as_list(ins), info.mutates);
+  state->escape(state->module, state->names[info.name], ordinal, out, shapes, dtypes, info.mutates);
 }
 
 // Whether a tracer's infrastructure mode (fake tensors, proxies, functionalization: torch.compile,
@@ -755,9 +772,20 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   frames.push_back({&info, false});
   ++leaf_depth;
   call_inputs.clear();  // inputs are readable only here, at the call's start
+  call_n_in = 0;
+  call_nested = false;
   if (state->on && !info.skip) {
     each_tensor(fn.inputs(), [](const at::Tensor& t) {  // a wrapped number is a Python scalar to the mode
-      if (t.defined() && !t.unsafeGetTensorImpl()->is_wrapped_number()) call_inputs.push_back(t);
+      if (!t.defined() || t.unsafeGetTensorImpl()->is_wrapped_number()) return true;
+      ++call_n_in;
+      call_inputs.push_back(static_cast<int64_t>(t.scalar_type()));
+      if (t.is_nested()) {
+        call_nested = true;
+        call_inputs.push_back(-1);
+        return true;
+      }
+      call_inputs.push_back(t.dim());
+      call_inputs.insert(call_inputs.end(), t.sizes().begin(), t.sizes().end());
       return true;
     });
   }
@@ -788,17 +816,15 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
   const int64_t ordinal = state->ordinals.next(okey);
   ++state->ops_seen;
   const auto& outputs = fn.outputs();
-  bool plain_inputs = true;
-  for (const at::Tensor& t : call_inputs) plain_inputs = plain_inputs && !t.is_nested();
-  if (!plain_inputs || !each_tensor(outputs, native)) {
+  if (call_nested || !each_tensor(outputs, native)) {
     call_python([&] { escape(fn, info, ordinal); });
     call_inputs.clear();
     return;
   }
   {
     std::lock_guard<std::mutex> lock(records_lock);
-    Call call{state->module, info.name, 0, ordinal, state->step, 0, 0};
-    set_inputs(call, call_inputs);
+    Call call{state->module, info.name, 0, ordinal, state->step, static_cast<int64_t>(state->ints.size()), call_n_in};
+    state->ints.insert(state->ints.end(), call_inputs.begin(), call_inputs.end());  // set_inputs' layout
     call_inputs.clear();
     const int64_t call_index = static_cast<int64_t>(state->calls.size());
     int out_i = 0;
