@@ -12,6 +12,7 @@ docs/capture.md)."""
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -259,6 +260,34 @@ def test_other_threads_and_paused_blocks_are_not_recorded(tmp_path: Path) -> Non
 
     _, seen = _same_records(tmp_path, "threads", model, run)
     assert [r.op for r in seen.records] == ["aten.addmm", "forward"]
+
+
+def test_a_profiler_still_sees_the_ops_inside_a_recorded_call(tmp_path: Path) -> None:
+    """The observer turns its own callback off inside a recorded call (the kernel's calls are not the
+    model's ops), not RecordFunction: a profiler running across the capture sees the inner ops, as it
+    does without a capture, and the records are those of the dispatch mode."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model = nn.Sequential(nn.Linear(8, 8), nn.Softmax(dim=-1))
+    x = torch.randn(3, 8)
+
+    def inner_ops(run: Callable[[], Any]) -> list[str]:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            run()
+        return sorted(e.name for e in prof.events()
+                      if e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::"))
+
+    def both(cap: capture) -> None:
+        model(x).transpose(0, 1).contiguous()
+
+    plain = inner_ops(lambda: model(x).transpose(0, 1).contiguous())
+    assert "aten::as_strided" in plain and "aten::empty_like" in plain, plain  # the kernels' own calls
+    seen: list[list[str]] = []
+    _same_records(tmp_path, "profiled", model, lambda cap: seen.append(inner_ops(lambda: both(cap))))
+    missing = Counter(plain) - Counter(seen[-1])  # the capture adds ops of its own (sample indices), hides none
+    assert not missing, missing
+    without = _capture(tmp_path, "after", model, both, "observer")  # the callback is back on after each call
+    assert [r.op for r in without.records] == [r.op for r in _capture(tmp_path, "after", model, both, "dispatch").records]
 
 
 def test_a_nested_capture_and_other_options_take_the_dispatch_mode(tmp_path: Path) -> None:

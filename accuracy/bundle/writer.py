@@ -58,6 +58,48 @@ class RecordLines:
         return self.data.split(b"\n")[:-1] if self.count else []
 
 
+class _RecordSpool:
+    """The record lines added so far: the bytes objects themselves while they stay under ``SPILL_BYTES``
+    (a capture's one buffer of lines is kept, not copied), a temporary file beside the bundle after."""
+
+    def __init__(self, directory: Path) -> None:
+        self._dir = directory
+        self._chunks: list[bytes] = []
+        self.file: BinaryIO | None = None
+        self.size = 0
+
+    def write(self, data: bytes) -> None:
+        if not data:
+            return
+        self.size += len(data)
+        if self.file is None and self.size <= SPILL_BYTES:
+            self._chunks.append(bytes(data))  # a bytes object stays as it is; anything mutable is copied
+            return
+        if self.file is None:
+            self.file = tempfile.TemporaryFile(dir=self._dir)  # noqa: SIM115
+            self.file.writelines(self._chunks)
+            self._chunks = []
+        self.file.write(data)
+
+    def in_memory(self) -> list[bytes] | None:
+        """The lines' pieces, in order, unless they were spilled to the file."""
+        return self._chunks if self.file is None else None
+
+    def pieces(self, size: int = 16 << 20) -> Iterable[bytes]:
+        """The lines in pieces of up to ``size`` bytes (the file read from its start)."""
+        if self.file is None:
+            yield from self._chunks
+            return
+        self.file.seek(0)
+        while piece := self.file.read(size):
+            yield piece
+
+    def close(self) -> None:
+        self._chunks = []
+        if self.file is not None:
+            self.file.close()
+
+
 class BundleWriter:
     """Streams tensors and records into a bundle; call :meth:`close` with the manifest to finish.
 
@@ -88,7 +130,7 @@ class BundleWriter:
         self._entries = bytearray()  # the header's tensor entries as they will appear in it (~80 bytes a tensor)
         self._entry_bytes = 0  # running estimate of the tensor entries' share of the header
         self._offset = 0
-        self._records: BinaryIO = tempfile.SpooledTemporaryFile(max_size=SPILL_BYTES, dir=self.path.parent)  # type: ignore[assignment]
+        self._records = _RecordSpool(self.path.parent)
         self._record_count = 0
         # streamed tensor bytes go to a writer thread (up to this many unwritten; 0: written here)
         self._background = background_bytes if writebehind.AVAILABLE else 0
@@ -257,12 +299,12 @@ class BundleWriter:
         the size it would be compacted back to anyway (streaming them would only be read back), else
         streamed in pieces."""
         spool = self._records
-        size = spool.tell()
-        spool.seek(0)
-        if self._buffer is not None and self._offset + size < self._compact_below:
+        size = spool.size
+        kept = spool.in_memory()
+        if self._buffer is not None and kept is not None and self._offset + size < self._compact_below:
             self._entry(RECORDS_TENSOR, "U8", (size,), size)
             self._offset += size
-            self._buffer.append(spool.read())
+            self._buffer.extend(kept)
             return
         self._entry(RECORDS_TENSOR, "U8", (size,), size)
         self._entry_bytes += len(RECORDS_TENSOR) + 120
@@ -270,7 +312,7 @@ class BundleWriter:
         self._offset += size
         if self._buffer is not None:
             self._start_streaming()
-        while piece := spool.read(16 << 20):
+        for piece in spool.pieces():
             self._write(begin, memoryview(piece))
             begin += len(piece)
 
@@ -354,7 +396,7 @@ class BundleWriter:
         close of this copy can write into them; the parent's writer thread does not exist here)."""
         self._behind = None
         self._buffer = None
-        files = [f for f in (self._file, getattr(self._records, "_file", None)) if f is not None]
+        files = [f for f in (self._file, self._records.file) if f is not None]
         self._file = None
         null = os.open(os.devnull, os.O_WRONLY)
         try:

@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -80,7 +81,6 @@ struct Out {  // one output tensor
   int64_t shape_at;  // its shape in State::ints, then its strides when layout != 0
   int64_t ndim;
   std::array<double, kRow> row;
-  int64_t row_id = 0;  // the summarised row it has (reused rows keep their id), 0: a row of its own
   std::string tensor;  // full mode: the name of the stored tensor its record gives (empty: none)
 };
 
@@ -101,7 +101,6 @@ inline uint64_t mix(uint64_t h) { return h * 0x9E3779B97F4A7C15ull; }  // Fibona
 struct Seen {
   c10::weak_intrusive_ptr<c10::StorageImpl> storage;  // keeps the address from being reused while held
   std::array<double, kRow> row;
-  int64_t row_id;
   std::string tensor;  // full mode: the tensor stored from this memory (Recorder.by_storage), or empty
 };
 
@@ -227,7 +226,6 @@ struct State {
   int64_t step = 0;
   bool per_step = false;  // each step numbers its calls afresh, and its keys end in "@step" (step > 0)
   int64_t epoch = 0;
-  int64_t row_ids = 0;  // rows summarised and registered in `seen` so far (Out::row_id)
   int64_t ops_seen = 0;
   bool settle_pending = false;
   bool skip_no_number = true;
@@ -278,6 +276,7 @@ thread_local int leaf_depth = 0;   // > 0 inside a recorded call: its inner call
 struct Frame {
   OpInfo* leaf;  // the op of a call the dispatch mode would see, else nullptr
   bool under_mode;  // it ran under a tracer's dispatch mode: counted, not recorded
+  bool muted = false;  // this file's callback is off until the call ends: its kernel's calls skip RecordFunction
 };
 thread_local std::vector<Frame> frames;  // one per open call
 thread_local bool inside = false;  // this file runs torch ops itself (sample indices)
@@ -515,9 +514,8 @@ Seen* summarise(const at::Tensor& t, Out& out) {
   if (t.has_storage() && t.is_contiguous() && kernel_slot(t.scalar_type()) >= 0) {
     if (state->seen.size() > SeenTable::kMaxSeen) state->seen.clear();
     const c10::Storage& storage = t.storage();
-    out.row_id = ++state->row_ids;
     return state->seen.insert_or_assign(Where{storage.unsafeGetStorageImpl(), t.storage_offset(), n, out.dtype},
-                                        Seen{c10::weak_intrusive_ptr<c10::StorageImpl>(storage.getWeakStorageImpl()), out.row, out.row_id});
+                                        Seen{c10::weak_intrusive_ptr<c10::StorageImpl>(storage.getWeakStorageImpl()), out.row});
   }
   return nullptr;
 }
@@ -561,7 +559,6 @@ void reuse_row(const at::Tensor& t, const Seen& seen, Out& out) {
   out.layout = 0;  // seen rows are of contiguous tensors
   out.has_row = true;
   out.row = seen.row;
-  out.row_id = seen.row_id;
 }
 
 // seen_entry for Python (StatsBatch.lookup): a module output that aliases an op's output, any shape.
@@ -639,10 +636,12 @@ py::object stored_name(const at::Tensor& t, bool share) {
 
 // A record's tensor name: its key, plus ":N" for output N > 0 (Record.id).
 // hooks.recorder.step_suffix: "@N" after the key of a record of step N > 0 when steps number their calls afresh
-void step_suffix(std::string& out, int64_t step) {
+template <class Text>
+void step_suffix(Text& out, int64_t step) {
   if (state->per_step && step > 0) {
+    char buf[24];
     out += '@';
-    out += std::to_string(step);
+    out.append(buf, std::to_chars(buf, buf + sizeof buf, step).ptr);
   }
 }
 
@@ -769,7 +768,11 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
       call_python([] { state->settle(); });
     }
   }
-  frames.push_back({&info, false});
+  // The kernel's own calls are not recorded (leaf_depth): with this file's callback off until the call
+  // ends they take the dispatcher's fast path, not boxed for it; other callbacks (a profiler) still run,
+  // and this call's end callback runs (RecordFunction keeps the callbacks it started with).
+  frames.push_back({&info, false, true});
+  at::disableCallback(state->handle);
   ++leaf_depth;
   call_inputs.clear();  // inputs are readable only here, at the call's start
   call_n_in = 0;
@@ -796,6 +799,7 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
   if (frames.empty()) return;
   const Frame frame = frames.back();
   frames.pop_back();
+  if (frame.muted && state != nullptr) at::reenableCallback(state->handle);
   if (frame.leaf == nullptr) return;
   --leaf_depth;
   if (state == nullptr || !state->on) return;
@@ -1153,7 +1157,70 @@ void set_state(bool on, int module, int64_t step, bool active, bool modules_on) 
 // non-finite floats as the strings "NaN", "Infinity", "-Infinity"), so a bundle reader's fast path
 // (accuracy.manifest.parse_record) takes them as its own.
 
-void json_string(std::string& out, const std::string& s) {
+// The records' text, written straight into the bytes object drain_lines returns (no copy of the
+// whole text, no std::string per append): a pointer bump per piece, a capacity check before it.
+class Lines {
+ public:
+  explicit Lines(size_t capacity) : bytes_(PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(capacity))) {
+    if (bytes_ == nullptr) throw py::error_already_set();
+    at_ = PyBytes_AS_STRING(bytes_);
+    end_ = at_ + capacity;
+  }
+  Lines(const Lines&) = delete;
+  Lines& operator=(const Lines&) = delete;
+  ~Lines() { Py_XDECREF(bytes_); }
+
+  template <size_t N>
+  void operator+=(const char (&literal)[N]) { append(literal, literal + N - 1); }
+  void operator+=(char c) {
+    room(1);
+    *at_++ = c;
+  }
+  void operator+=(const std::string& s) { append(s.data(), s.data() + s.size()); }
+  void append(const std::string& s, size_t pos, size_t n) { append(s.data() + pos, s.data() + pos + n); }
+  void append(const char* from, const char* to) {
+    const auto n = static_cast<size_t>(to - from);
+    room(n);
+    std::memcpy(at_, from, n);
+    at_ += n;
+  }
+  // A pointer to write up to n bytes at; advance() says how many were written.
+  char* reserve(size_t n) {
+    room(n);
+    return at_;
+  }
+  void advance(char* to) { at_ = to; }
+  size_t size() const { return static_cast<size_t>(at_ - PyBytes_AS_STRING(bytes_)); }
+  // Appends a copy of the n bytes written at offset `from`.
+  void repeat(size_t from, size_t n) {
+    room(n);
+    std::memcpy(at_, PyBytes_AS_STRING(bytes_) + from, n);
+    at_ += n;
+  }
+
+  // The bytes written, as the bytes object (this buffer is empty after).
+  py::bytes release() {
+    const Py_ssize_t used = at_ - PyBytes_AS_STRING(bytes_);
+    if (_PyBytes_Resize(&bytes_, used) != 0) throw py::error_already_set();
+    return py::reinterpret_steal<py::bytes>(std::exchange(bytes_, nullptr));
+  }
+
+ private:
+  void room(size_t n) {
+    if (static_cast<size_t>(end_ - at_) >= n) return;
+    const auto used = static_cast<size_t>(at_ - PyBytes_AS_STRING(bytes_));
+    const size_t capacity = std::max(2 * static_cast<size_t>(end_ - PyBytes_AS_STRING(bytes_)), used + n);
+    if (_PyBytes_Resize(&bytes_, static_cast<Py_ssize_t>(capacity)) != 0) throw py::error_already_set();
+    at_ = PyBytes_AS_STRING(bytes_) + used;
+    end_ = PyBytes_AS_STRING(bytes_) + capacity;
+  }
+  PyObject* bytes_;
+  char* at_;
+  char* end_;
+};
+
+template <class Text>
+void json_string(Text& out, const std::string& s) {
   out += '"';
   for (const char ch : s) {
     const auto c = static_cast<unsigned char>(ch);
@@ -1180,10 +1247,15 @@ void json_string(std::string& out, const std::string& s) {
 
 // A double as pydantic writes it: the shortest round-trip digits, fixed notation for decimal
 // exponents in [-5, 16), "1e+20" / "1.5e-7" outside, ".0" on integral values.
-void json_int(std::string& out, int64_t v) {
-  char buf[24];
-  auto res = std::to_chars(buf, buf + sizeof buf, v);
-  out.append(buf, res.ptr);
+template <class Text>
+void json_int(Text& out, int64_t v) {
+  if constexpr (std::is_same_v<Text, Lines>) {
+    char* at = out.reserve(24);
+    out.advance(std::to_chars(at, at + 24, v).ptr);
+  } else {
+    char buf[24];
+    out.append(buf, std::to_chars(buf, buf + sizeof buf, v).ptr);
+  }
 }
 
 // `v` as pydantic writes it into buf (32 chars suffice); returns the end.
@@ -1248,12 +1320,18 @@ char* float_chars(char* buf, double v) {
   return o;
 }
 
-void json_float(std::string& out, double v) {
-  char buf[32];
-  out.append(buf, float_chars(buf, v));
+template <class Text>
+void json_float(Text& out, double v) {
+  if constexpr (std::is_same_v<Text, Lines>) {
+    out.advance(float_chars(out.reserve(32), v));
+  } else {
+    char buf[32];
+    out.append(buf, float_chars(buf, v));
+  }
 }
 
-void json_ints(std::string& out, const int64_t* values, size_t n) {
+template <class Text>
+void json_ints(Text& out, const int64_t* values, size_t n) {
   out += '[';
   for (size_t i = 0; i < n; ++i) {
     if (i) out += ',';
@@ -1263,7 +1341,8 @@ void json_ints(std::string& out, const int64_t* values, size_t n) {
 }
 
 // A statistics row as its record's "stats" object, appended to `text`.
-void row_text(std::string& text, const std::array<double, kRow>& row) {
+template <class Text>
+void row_text(Text& text, const std::array<double, kRow>& row) {
   const auto n = static_cast<int64_t>(row[0]);  // the row's first field is numel
   for (int f = 0; f < kStatFields; ++f) {
     text += state->stat_keys[f];
@@ -1279,23 +1358,40 @@ void row_text(std::string& text, const std::array<double, kRow>& row) {
   text += "]}";
 }
 
-// The texts of recently formatted rows by row id: a module output that reuses its last op's row
-// (Out::row_id) takes the text made for the op's record.
-struct RowTexts {
-  std::array<std::pair<int64_t, std::string>, 64> slots{};
-  void append(std::string& line, const Out& o) {
-    if (o.row_id == 0) {
-      row_text(line, o.row);
+// The texts of rows formatted earlier in this drain, by the row's bytes: a row met again (a module
+// output reusing its last op's row, a view's or copy's output holding the same values) repeats the
+// text already written instead of formatting its floats again (~40% of the rows of a generate).
+class RowTexts {
+ public:
+  void append(Lines& line, const Out& o) {
+    // the fields its text shows: the statistics and min(numel, kSample) sampled values
+    const size_t used = kStatFields + static_cast<size_t>(std::clamp<double>(o.row[0], 0, kSample));
+    uint64_t words[kRow];
+    std::memcpy(words, o.row.data(), used * sizeof(double));
+    uint64_t h = used;
+    for (size_t i = 0; i < used; ++i) {
+      h = mix(h ^ words[i]);
+      h ^= h >> 29;
+    }
+    Slot& slot = slots_[h & (kSlots - 1)];
+    if (slot.used == used && std::memcmp(slot.row, o.row.data(), used * sizeof(double)) == 0) {
+      line.repeat(slot.at, slot.size);
       return;
     }
-    auto& [id, text] = slots[static_cast<size_t>(o.row_id) % slots.size()];
-    if (id != o.row_id) {
-      id = o.row_id;
-      text.clear();
-      row_text(text, o.row);
-    }
-    line += text;
+    const size_t at = line.size();
+    row_text(line, o.row);
+    slot = {o.row.data(), used, at, line.size() - at};
   }
+
+ private:
+  static constexpr size_t kSlots = 4096;
+  struct Slot {
+    const double* row = nullptr;  // an Out's row, valid for the drain (the outs are cleared after it)
+    size_t used = 0;  // its fields compared (0: an empty slot)
+    size_t at = 0;  // its text in the lines written so far
+    size_t size = 0;
+  };
+  std::vector<Slot> slots_ = std::vector<Slot>(kSlots);
 };
 
 // The records made since the last drain as JSON lines (index from `base`), each ending in a newline, in
@@ -1314,11 +1410,10 @@ py::tuple drain_lines(int64_t base, py::dict dtype_names) {
     return slot;
   };
   std::vector<std::string> module_json(state->module_names.size() + 1);
-  static const std::array<const char*, 2> kinds = {"\"aten\"", "\"module\""};
-  static const std::array<const char*, 4> formats = {"", "\"channels_last\"", "\"channels_last_3d\"", "\"strided\""};
+  static const std::array<std::string, 2> kinds = {"\"aten\"", "\"module\""};
+  static const std::array<std::string, 4> formats = {"", "\"channels_last\"", "\"channels_last_3d\"", "\"strided\""};
   RowTexts row_texts;
-  std::string line;  // every line, one after the other
-  line.reserve(state->outs.size() * 1024);
+  Lines line(state->outs.size() * 1024 + 64);  // every line, one after the other (pages untouched until written)
   int64_t count = 0;
   for (const Out& o : state->outs) {
     const Call& c = state->calls[static_cast<size_t>(o.call)];
@@ -1383,7 +1478,7 @@ py::tuple drain_lines(int64_t base, py::dict dtype_names) {
   state->outs.clear();
   state->calls.clear();
   state->ints.clear();
-  return py::make_tuple(py::bytes(line), count);
+  return py::make_tuple(line.release(), count);
 }
 
 py::dict counts() {
