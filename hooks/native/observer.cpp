@@ -30,7 +30,6 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
-#include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -276,7 +275,8 @@ thread_local int leaf_depth = 0;   // > 0 inside a recorded call: its inner call
 struct Frame {
   OpInfo* leaf;  // the op of a call the dispatch mode would see, else nullptr
   bool under_mode;  // it ran under a tracer's dispatch mode: counted, not recorded
-  bool muted = false;  // this file's callback is off until the call ends: its kernel's calls skip RecordFunction
+  // a leaf not under a mode turned this file's callback off until it ends (on_enter)
+  bool muted() const { return leaf != nullptr && !under_mode; }
 };
 thread_local std::vector<Frame> frames;  // one per open call
 thread_local bool inside = false;  // this file runs torch ops itself (sample indices)
@@ -771,7 +771,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   // The kernel's own calls are not recorded (leaf_depth): with this file's callback off until the call
   // ends they take the dispatcher's fast path, not boxed for it; other callbacks (a profiler) still run,
   // and this call's end callback runs (RecordFunction keeps the callbacks it started with).
-  frames.push_back({&info, false, true});
+  frames.push_back({&info, false});
   at::disableCallback(state->handle);
   ++leaf_depth;
   call_inputs.clear();  // inputs are readable only here, at the call's start
@@ -799,7 +799,7 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
   if (frames.empty()) return;
   const Frame frame = frames.back();
   frames.pop_back();
-  if (frame.muted && state != nullptr) at::reenableCallback(state->handle);
+  if (frame.muted() && state != nullptr) at::reenableCallback(state->handle);
   if (frame.leaf == nullptr) return;
   --leaf_depth;
   if (state == nullptr || !state->on) return;
@@ -1200,15 +1200,14 @@ class Lines {
 
   // The bytes written, as the bytes object (this buffer is empty after).
   py::bytes release() {
-    const Py_ssize_t used = at_ - PyBytes_AS_STRING(bytes_);
-    if (_PyBytes_Resize(&bytes_, used) != 0) throw py::error_already_set();
+    if (_PyBytes_Resize(&bytes_, static_cast<Py_ssize_t>(size())) != 0) throw py::error_already_set();
     return py::reinterpret_steal<py::bytes>(std::exchange(bytes_, nullptr));
   }
 
  private:
   void room(size_t n) {
     if (static_cast<size_t>(end_ - at_) >= n) return;
-    const auto used = static_cast<size_t>(at_ - PyBytes_AS_STRING(bytes_));
+    const size_t used = size();
     const size_t capacity = std::max(2 * static_cast<size_t>(end_ - PyBytes_AS_STRING(bytes_)), used + n);
     if (_PyBytes_Resize(&bytes_, static_cast<Py_ssize_t>(capacity)) != 0) throw py::error_already_set();
     at_ = PyBytes_AS_STRING(bytes_) + used;
@@ -1247,15 +1246,9 @@ void json_string(Text& out, const std::string& s) {
 
 // A double as pydantic writes it: the shortest round-trip digits, fixed notation for decimal
 // exponents in [-5, 16), "1e+20" / "1.5e-7" outside, ".0" on integral values.
-template <class Text>
-void json_int(Text& out, int64_t v) {
-  if constexpr (std::is_same_v<Text, Lines>) {
-    char* at = out.reserve(24);
-    out.advance(std::to_chars(at, at + 24, v).ptr);
-  } else {
-    char buf[24];
-    out.append(buf, std::to_chars(buf, buf + sizeof buf, v).ptr);
-  }
+void json_int(Lines& out, int64_t v) {
+  char* at = out.reserve(24);
+  out.advance(std::to_chars(at, at + 24, v).ptr);
 }
 
 // `v` as pydantic writes it into buf (32 chars suffice); returns the end.
@@ -1320,18 +1313,9 @@ char* float_chars(char* buf, double v) {
   return o;
 }
 
-template <class Text>
-void json_float(Text& out, double v) {
-  if constexpr (std::is_same_v<Text, Lines>) {
-    out.advance(float_chars(out.reserve(32), v));
-  } else {
-    char buf[32];
-    out.append(buf, float_chars(buf, v));
-  }
-}
+void json_float(Lines& out, double v) { out.advance(float_chars(out.reserve(32), v)); }
 
-template <class Text>
-void json_ints(Text& out, const int64_t* values, size_t n) {
+void json_ints(Lines& out, const int64_t* values, size_t n) {
   out += '[';
   for (size_t i = 0; i < n; ++i) {
     if (i) out += ',';
@@ -1341,8 +1325,7 @@ void json_ints(Text& out, const int64_t* values, size_t n) {
 }
 
 // A statistics row as its record's "stats" object, appended to `text`.
-template <class Text>
-void row_text(Text& text, const std::array<double, kRow>& row) {
+void row_text(Lines& text, const std::array<double, kRow>& row) {
   const auto n = static_cast<int64_t>(row[0]);  // the row's first field is numel
   for (int f = 0; f < kStatFields; ++f) {
     text += state->stat_keys[f];
@@ -1531,7 +1514,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("module_call", &module_call_new, "a module's forward wrapped with the module attribution (set as its instance forward)");
   m.def("wrap_modules", &wrap_modules, "ModuleCall wrappers are installed: the stack, path -> index, the Python post-hook, torch.Tensor, the root's index");
   m.def("unwrap_modules", &unwrap_modules, "the wrappers are gone (they call through from now on)");
-  m.def("json_float", [](double v) { std::string out; json_float(out, v); return out; },
+  m.def("json_float", [](double v) { char buf[32]; return std::string(buf, float_chars(buf, v)); },
         "a float as the record lines write it (pydantic's, for the tests)");
   m.def("drain_lines", &drain_lines, "the records made since the last drain, as pydantic's JSON lines in one buffer, and their number");
   m.def("counts", &counts, "skipped calls per op, ops seen");
