@@ -15,7 +15,7 @@ $(PY):
 
 # torch first, pinned (a CPU wheel on this machine), so the unpinned torch>=2.3 in pyproject adds nothing; then
 # opband without build isolation, so setup.py compiles hooks._observer against that torch (~40 s, once)
-$(STAMP): pyproject.toml setup.py hooks/native/observer.cpp | $(PY)
+$(STAMP): pyproject.toml setup.py hooks/native/observer.cpp hooks/native/stats_cuda.cu hooks/native/stats_cuda.h | $(PY)
 	$(PIP) install --quiet "$(TORCH)" "setuptools>=77"
 	$(PIP) install --quiet --no-build-isolation -e ".[test]"
 	touch $(STAMP)

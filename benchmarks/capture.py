@@ -278,6 +278,7 @@ def main() -> None:
     raw: dict[str, list[float]] = {level: [] for level in levels}
     shape: dict[str, tuple[int, int]] = {}
     ops: dict[str, int] = {}
+    engine_of: dict[str, str] = {}
     phases: dict[object, list[tuple[float, float]]] = {}
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
         d = Path(tmp)
@@ -288,6 +289,7 @@ def main() -> None:
             with capture(model, d / "count.bundle", progress=False, level=level, mode="summary", **extra) as cap:
                 model(x)
             ops[level] = cap._recorder.ops_seen
+            engine_of[level] = cap.engine or "module hooks"
             shape[level] = _summary_shape(d / "count.bundle")
             if args.pages == "recycled" and "full" in modes:
                 _captured(clock, model, x, d / "size.bundle", level=level, mode="full", **extra)
@@ -317,7 +319,12 @@ def main() -> None:
             print(k, [round(t * 1e3, 1) for t in v], [tuple(round(p * 1e3, 1) for p in ph) for ph in phases.get(k, [])])
     goals = GOALS[args.model]
     if args.device != "cpu":
-        print(f"on-device statistics: {os.environ.get('OPBAND_DEVICE_STATS') or 'triton (default)'}")
+        from hooks.tensors import _compiled_cuda
+
+        stats = os.environ.get("OPBAND_DEVICE_STATS") or ("compiled (hooks/native/stats_cuda.cu)" if _compiled_cuda()
+                                                          else "triton")
+        print(f"on-device statistics: {stats}; summary capture engine: "
+              + "; ".join(f"{level}: {engine}" for level, engine in engine_of.items()))
     print(f"model {args.model} on {args.device}: threads={torch.get_num_threads()} runs={args.runs} clock={args.clock} "
           f"malloc={args.malloc} plain forward={med['plain'] * 1e3:.1f} ms (min {min(times['plain']) * 1e3:.1f}); "
           f"statistics kernel {bandwidth / 1e9:.1f} GB/s ({_vector_width()} vectors)")

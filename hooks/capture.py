@@ -28,7 +28,7 @@ from hooks.cudagraphs import refuse_cuda_graphs
 from hooks.fingerprints import ParameterPrints, PendingPrints, launch_input_prints, parameter_prints
 from hooks.intrusive import intrusive_ops
 from hooks.modes import ApiMode, AtenMode, ModuleHooks
-from hooks.observer import ObserverMode, why_not
+from hooks.observer import ObserverMode, cuda_device, why_not
 from hooks.options import LEVELS, MODES, CaptureOptions
 from hooks.recorder import Recorder
 
@@ -75,7 +75,7 @@ class capture:  # noqa: N801 - used as a context manager, reads like a function
             self._composites.__enter__()
             reason = why_not(self.options, self.model)
             if reason is None:
-                self._mode = ObserverMode(rec, list(self._hooks.names.values()))
+                self._mode = ObserverMode(rec, list(self._hooks.names.values()), cuda_device(self.model))
                 self._hooks.observer = self._mode
                 self.engine = "observer"
             else:

@@ -14,9 +14,16 @@ with the ops), so ``nn.Module._call_impl`` keeps its fast path; an output that i
 to the Python hook (:meth:`ObserverMode.record_module`), and a model the wrappers cannot serve keeps the
 global hooks. Records leave the
 observer as the JSON lines the bundle stores (byte for byte what pydantic writes). Any call with an
-output the observer does not summarise itself (quantized, complex, a tensor subclass, an
-accelerator tensor, a large tensor summarised by several threads) goes to the recorder in Python,
+output the observer does not summarise itself (quantized, complex, a tensor subclass, a tensor on
+another accelerator, a large tensor summarised by several threads) goes to the recorder in Python,
 under the same key, after the observer's records so far were drained into the recorder's list.
+
+A summary capture of a model on one CUDA device takes this path too when the module was built with
+CUDA (``setup.py``: a CUDA torch and nvcc at install time; ``hooks._observer.CUDA``): each CUDA output's
+row is launched from C++ on the op's current stream (``hooks/native/stats_cuda.cu``) into a row buffer
+on the device, no host sync per op, and the rows come back in one copy at the next drain (the end of
+the capture, or an op handed to Python). The dispatch mode computes CUDA rows with the same kernel
+(:func:`hooks.tensors.device_stats`), so both engines write the same bits.
 
 In full mode the observer also decides, by the recorder's rules (``Recorder._store``), which tensor
 each record names: the same tensor at the same version, or a tensor stored from the same memory whose
@@ -29,7 +36,8 @@ it was given: the dispatch mode's rule), before ops the capture does not see, wh
 `buffer_bytes`) are queued, and at the end.
 
 :func:`why_not` says when a capture cannot take this path; it then uses the dispatch mode, as it
-does for a byte budget in full mode, replay inputs, gradients, filters, accelerators and several ranks. Set
+does for a byte budget in full mode, replay inputs, gradients, filters, other accelerators, full captures
+of CUDA models and several ranks. Set
 ``OPBAND_OBSERVER=0`` to always use the dispatch mode.
 """
 
@@ -120,17 +128,36 @@ def why_not(opts: CaptureOptions, model: torch.nn.Module) -> str | None:
         return (f"a module path is longer than {_LONGEST_MODULE} characters: record keys (at most 4096) are "
                 "validated on the dispatch mode's path")
     try:
-        on_cpu = all(t.device.type == "cpu" for t in (*model.parameters(), *model.buffers()))
+        devices = {t.device for t in (*model.parameters(), *model.buffers())}
     except Exception:  # noqa: BLE001 - a model that cannot list its tensors keeps the dispatch mode
         return "the model's parameters could not be listed"
-    return None if on_cpu else "the observer summarises CPU tensors; accelerator models take the dispatch mode"
+    accelerators = {d for d in devices if d.type != "cpu"}
+    if not accelerators:
+        return None
+    if {d.type for d in accelerators} != {"cuda"} or len(accelerators) > 1:
+        return "the observer summarises CPU and single-GPU CUDA tensors; this model's take the dispatch mode"
+    if not getattr(_observer, "CUDA", False):
+        return ("hooks._observer was built without CUDA (no CUDA torch or nvcc at install time): reinstall with "
+                "`pip install --no-build-isolation` where both are, or CUDA models take the dispatch mode")
+    if opts.mode == "full":
+        return "full captures of CUDA models take the dispatch mode"
+    return None
+
+
+def cuda_device(model: torch.nn.Module) -> int:
+    """The index of the CUDA device holding ``model``'s tensors (one, :func:`why_not` checked), or -1."""
+    for t in (*model.parameters(), *model.buffers()):
+        if t.is_cuda:
+            return t.device.index if t.device.index is not None else torch.cuda.current_device()
+    return -1
 
 
 class ObserverMode:
     """While entered, the compiled observer records the model's ATen calls into ``recorder``."""
 
-    def __init__(self, recorder: Recorder, module_names: list[str]) -> None:
+    def __init__(self, recorder: Recorder, module_names: list[str], cuda: int = -1) -> None:
         self.rec = recorder
+        self.cuda = cuda  # the CUDA device whose outputs the observer summarises (-1: a CPU model)
         self.names = module_names
         self.index = {name: i for i, name in enumerate(module_names)}
         self.paused_depth = 0
@@ -149,7 +176,7 @@ class ObserverMode:
             "parallel_min": fused.PARALLEL_MIN, "module_names": self.names,
             "settle": self._settle, "escape": self._escape,
             "full": self.full, "hand_over": self._hand_over,
-            "hand_bytes": min(HAND_BYTES, rec.opts.buffer_bytes),
+            "hand_bytes": min(HAND_BYTES, rec.opts.buffer_bytes), "cuda_device": self.cuda,
         })
         _ACTIVE.append(self)
         rec.on_state = self.sync

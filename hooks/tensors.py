@@ -10,6 +10,7 @@ tags and the statistics row's layout come from :mod:`accuracy.capture_format`.
 from __future__ import annotations
 
 import functools
+import importlib
 import math
 import os
 import warnings
@@ -448,10 +449,15 @@ def device_stats(values: torch.Tensor) -> torch.Tensor:
     """One float row on the device, without host syncs: numel, min, max, mean, std, l2, absmax,
     nan, inf, zeros (over finite values; NaN/Inf counted), then a padded sample.
 
-    float32/16/bf16, integer and bool CUDA tensors take Triton (:mod:`hooks.triton_stats`: one launch
-    up to 256K elements, two beyond); float64 and complex ones, or all with
-    ``OPBAND_DEVICE_STATS=torch``, about 25 torch ops (:func:`torch_device_stats`)."""
+    float32/16/bf16, integer and bool CUDA tensors take the compiled kernel where ``hooks._observer`` was
+    built with CUDA (``hooks/native/stats_cuda.cu``, launched from C++: the observer's own, so both engines
+    write the same rows), else Triton (:mod:`hooks.triton_stats`: one launch up to 256K elements, two
+    beyond); float64 and complex ones, or all with ``OPBAND_DEVICE_STATS=torch``, about 25 torch ops
+    (:func:`torch_device_stats`). ``OPBAND_DEVICE_STATS=triton`` skips the compiled kernel."""
     global _TRITON_BROKEN
+    compiled = _compiled_cuda() if values.is_cuda and values.numel() else None
+    if compiled is not None and values.dtype in _COMPILED_DTYPES and type(values) in (torch.Tensor, torch.nn.Parameter):
+        return compiled.cuda_stats_row(values, _sample_index(values.numel(), values.device), SAMPLE_SIZE)
     if values.numel() and _TRITON_BROKEN is None:
         try:
             if _use_triton(values):
@@ -464,6 +470,22 @@ def device_stats(values: torch.Tensor) -> torch.Tensor:
 
 
 _TRITON_BROKEN: str | None = None
+
+#: the dtypes hooks/native/stats_cuda.cu reads (hooks.triton_stats.DTYPES)
+_COMPILED_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
+                              torch.int8, torch.uint8, torch.bool})
+
+
+@functools.cache
+def _compiled_cuda() -> Any:
+    """``hooks._observer`` when it was built with CUDA for this torch and ``OPBAND_DEVICE_STATS`` allows it, else None."""
+    if os.environ.get("OPBAND_DEVICE_STATS") in ("torch", "triton"):
+        return None
+    try:
+        module = importlib.import_module("hooks._observer")
+    except ImportError:
+        return None
+    return module if getattr(module, "CUDA", False) and module.TORCH_VERSION == torch.__version__ else None
 
 
 def _use_triton(values: torch.Tensor) -> bool:

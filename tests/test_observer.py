@@ -12,6 +12,7 @@ docs/capture.md)."""
 from __future__ import annotations
 
 import math
+import os
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -119,6 +120,16 @@ def test_the_observer_is_built_for_this_torch() -> None:
 
     assert _observer.TORCH_VERSION == torch.__version__
     assert observer.why_not(capture(nn.Identity(), "unused.bundle", mode="summary").options, nn.Identity()) is None
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    # setup.py builds the CUDA path exactly where it can: a CUDA torch and nvcc
+    assert _observer.CUDA == bool(torch.version.cuda and CUDA_HOME and not os.environ.get("OPBAND_NO_CUDA"))
+
+
+def test_models_on_other_devices_take_the_dispatch_mode() -> None:
+    options = capture(nn.Identity(), "unused.bundle", mode="summary").options
+    reason = observer.why_not(options, nn.Linear(2, 2, device="meta"))
+    assert reason == "the observer summarises CPU and single-GPU CUDA tensors; this model's take the dispatch mode"
 
 
 @pytest.mark.parametrize("mode", ["summary", "full"])

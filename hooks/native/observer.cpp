@@ -21,6 +21,12 @@
 
 #include <structmember.h>
 
+#ifdef OPBAND_CUDA  // setup.py, when torch has CUDA and nvcc is found: CUDA outputs are summarised here too
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#endif
+#include "stats_cuda.h"
+
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
@@ -81,6 +87,7 @@ struct Out {  // one output tensor
   int64_t ndim;
   std::array<double, kRow> row;
   std::string tensor;  // full mode: the name of the stored tensor its record gives (empty: none)
+  int64_t device_row = -1;  // >= 0: its row is still on the CUDA device (State::device_chunks), read at the drain
 };
 
 // Where a summarised output's bytes live, for a module output that aliases it (a Linear's
@@ -265,6 +272,12 @@ struct State {
   py::object mod_post;  // ModuleHooks._post: the forward hook's Python path, for what is recorded there
   PyTypeObject* tensor_type = nullptr;  // torch.Tensor: only exactly this type is recorded here
   int mod_root = -1;  // the index of the root's path "", used outside every module
+  // CUDA (OPBAND_CUDA builds): the device whose outputs are summarised here (-1: none), the rows launched
+  // since the last drain (float32, kRow each, in chunks of kChunkRows) and the sample indices there
+  int cuda_device = -1;
+  std::vector<at::Tensor> device_chunks;
+  int64_t device_rows = 0;
+  std::unordered_map<int64_t, at::Tensor> device_sample_index;
 };
 
 State* state = nullptr;
@@ -289,13 +302,14 @@ thread_local bool call_nested = false;
 // Runs ATen ops of this file's own: neither the observer nor a dispatch mode (a nested capture's) sees them.
 template <typename F>
 auto quietly(F&& f) {
-  const bool was = inside;
-  inside = true;
+  struct Inside {  // restored also when `f` throws
+    bool was = inside;
+    Inside() { inside = true; }
+    ~Inside() { inside = was; }
+  } scope;
   c10::impl::ExcludeDispatchKeyGuard no_modes(
       c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
-  auto result = f();
-  inside = was;
-  return result;
+  return f();
 }
 
 int kernel_slot(at::ScalarType t) {
@@ -368,6 +382,108 @@ const at::Tensor& sample_index(int64_t n) {
   return state->sample_index.emplace(n, std::move(idx)).first->second;
 }
 
+// The CUDA statistics kernel's code for a dtype (stats_cuda.h), or -1: hooks.triton_stats.DTYPES.
+int device_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return opband_cuda::kF32;
+    case at::kHalf: return opband_cuda::kF16;
+    case at::kBFloat16: return opband_cuda::kBF16;
+    case at::kLong: return opband_cuda::kI64;
+    case at::kInt: return opband_cuda::kI32;
+    case at::kShort: return opband_cuda::kI16;
+    case at::kChar: return opband_cuda::kI8;
+    case at::kByte: return opband_cuda::kU8;
+    case at::kBool: return opband_cuda::kBool;
+    default: return -1;
+  }
+}
+
+#ifdef OPBAND_CUDA
+// The row of the CUDA tensor `t` (a dtype device_dtype takes) written to `row` on the device, launched on
+// the current stream of its device: hooks.triton_stats.stats_row's input handling (flat, contiguous when its
+// flat view is strided), `idx` its sample's flat indices there. No host sync.
+void launch_row(const at::Tensor& t, const at::Tensor& idx, int64_t size, float* row) {
+  const c10::DeviceGuard guard(t.device());
+  at::Tensor x = t.reshape(-1);
+  if (x.numel() > 1 && x.stride(0) != 1) x = x.contiguous();
+  const int64_t n = x.numel();
+  const opband_cuda::Plan plan = opband_cuda::plan(n);
+  at::Tensor part;
+  if (plan.programs > 1) part = at::empty({plan.programs * opband_cuda::kParts}, x.options().dtype(at::kDouble));
+  void* stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(t.device()).native_handle();
+  const char* err = opband_cuda::stats_row(x.const_data_ptr(), device_dtype(x.scalar_type()), n, idx.const_data_ptr<int64_t>(),
+                                           idx.numel(), row, static_cast<int>(size),
+                                           part.defined() ? part.mutable_data_ptr<double>() : nullptr, plan, stream);
+  TORCH_CHECK(err == nullptr, "opband: the CUDA statistics kernel failed to launch: ", err);
+}
+
+// hooks.tensors.device_stats's row of a CUDA tensor through this file's kernel (the dispatch mode's path):
+// the observer's records and the dispatch mode's hold the same bits.
+at::Tensor cuda_stats_row(const at::Tensor& values, const at::Tensor& sample_index, int64_t sample_size) {
+  TORCH_CHECK(values.is_cuda() && device_dtype(values.scalar_type()) >= 0 && values.numel() > 0,
+              "cuda_stats_row takes a non-empty CUDA tensor of float32, float16, bfloat16, an integer type or bool");
+  TORCH_CHECK(sample_index.is_cuda() && sample_index.scalar_type() == at::kLong && sample_index.is_contiguous() &&
+                  sample_index.numel() <= sample_size && sample_index.get_device() == values.get_device(),
+              "cuda_stats_row: the sample index must be a contiguous int64 tensor on the values' device, at most sample_size long");
+  at::Tensor row = at::empty({kStatFields + sample_size}, values.options().dtype(at::kFloat));
+  quietly([&] {
+    launch_row(values, sample_index, sample_size, row.mutable_data_ptr<float>());
+    return 0;
+  });
+  return row;
+}
+
+constexpr int64_t kChunkRows = 4096;
+
+// The same indices as hooks.tensors._sample_index(n, device), made on the device (no host sync).
+const at::Tensor& device_sample_index(int64_t n, const at::Device& device) {
+  auto it = state->device_sample_index.find(n);
+  if (it != state->device_sample_index.end()) return it->second;
+  if (state->device_sample_index.size() > 4096) state->device_sample_index.clear();
+  at::Tensor idx = at::linspace(0, static_cast<double>(n - 1), std::min<int64_t>(kSample, n), at::TensorOptions().device(device))
+                       .round()
+                       .to(at::kLong);
+  return state->device_sample_index.emplace(n, std::move(idx)).first->second;
+}
+
+// A CUDA output's row, launched into the next slot of the device rows (read back at the drain).
+void device_row(const at::Tensor& t, Out& out) {
+  quietly([&] {
+    const int64_t slot = state->device_rows;
+    const size_t chunk = static_cast<size_t>(slot / kChunkRows);
+    if (chunk == state->device_chunks.size())
+      state->device_chunks.push_back(at::empty({kChunkRows, kRow}, t.options().dtype(at::kFloat)));
+    float* row = state->device_chunks[chunk].mutable_data_ptr<float>() + (slot % kChunkRows) * kRow;
+    launch_row(t, device_sample_index(t.numel(), t.device()), kSample, row);
+    out.device_row = slot;
+    ++state->device_rows;
+    return 0;
+  });
+}
+
+// The device rows launched since the last drain, copied to the host (the drain's one wait for the device)
+// into their outputs' rows (records_lock held).
+void fetch_device_rows() {
+  if (state->device_rows == 0) return;
+  quietly([] {
+    c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->synchronizeDevice(static_cast<c10::DeviceIndex>(state->cuda_device));
+    std::vector<at::Tensor> host;
+    for (int64_t first = 0, c = 0; first < state->device_rows; first += kChunkRows, ++c) {
+      const int64_t rows = std::min(kChunkRows, state->device_rows - first);
+      host.push_back(state->device_chunks[static_cast<size_t>(c)].narrow(0, 0, rows).to(at::kCPU).to(at::kDouble));
+    }
+    for (Out& o : state->outs) {
+      if (o.device_row < 0) continue;
+      const double* r = host[static_cast<size_t>(o.device_row / kChunkRows)].const_data_ptr<double>() + (o.device_row % kChunkRows) * kRow;
+      std::copy(r, r + kRow, o.row.begin());
+      o.device_row = -1;
+    }
+    state->device_rows = 0;
+    return 0;
+  });
+}
+#endif
+
 bool integer_like(at::ScalarType t) {  // summarised as float64 values, as hooks.tensors.host_stats does
   switch (t) {
     case at::kLong: case at::kInt: case at::kShort: case at::kChar: case at::kByte:
@@ -381,10 +497,11 @@ bool integer_like(at::ScalarType t) {  // summarised as float64 values, as hooks
 // Whether the observer summarises this output itself; else the whole call goes to Python.
 bool native(const at::Tensor& t) {
   if (!t.defined()) return true;  // an undefined output is None in Python: not recorded
-  if (!t.is_cpu() || t.layout() != at::kStrided || t.is_nested() || t.unsafeGetTensorImpl()->is_python_dispatch())
-    return false;
+  if (t.layout() != at::kStrided || t.is_nested() || t.unsafeGetTensorImpl()->is_python_dispatch()) return false;
   if (t.key_set().has(c10::DispatchKey::FuncTorchGradWrapper) || t.key_set().has(c10::DispatchKey::FuncTorchBatched))
     return false;
+  if (t.is_cuda()) return state->cuda_device >= 0 && t.get_device() == state->cuda_device && device_dtype(t.scalar_type()) >= 0;
+  if (!t.is_cpu()) return false;
   const at::ScalarType type = t.scalar_type();
   if (type == at::kBool) return true;
   if (kernel_slot(type) < 0 && !integer_like(type)) return false;  // quantized, complex, …: the recorder's payloads
@@ -495,6 +612,12 @@ Seen* summarise(const at::Tensor& t, Out& out) {
   }
   out.has_row = n > 0;
   if (n == 0) return nullptr;
+#ifdef OPBAND_CUDA
+  if (t.is_cuda()) {  // its row stays on the device until the drain; not registered for reuse (seen_entry reads CPU memory)
+    device_row(t, out);
+    return nullptr;
+  }
+#endif
   if (t.scalar_type() == at::kBool) {
     bool_row(t, out);
     return nullptr;
@@ -1118,6 +1241,11 @@ void start(py::dict opts) {
   state->full = opts["full"].cast<bool>();
   state->hand_over = opts["hand_over"];
   state->hand_bytes = opts["hand_bytes"].cast<int64_t>();
+  state->cuda_device = opts.contains("cuda_device") ? opts["cuda_device"].cast<int>() : -1;
+#ifndef OPBAND_CUDA
+  TORCH_CHECK(state->cuda_device < 0, "hooks._observer was built without CUDA: a CUDA model takes the dispatch mode");
+#endif
+  TORCH_CHECK(state->cuda_device < 0 || !state->full, "the observer summarises CUDA outputs in summary mode only");
   for (const auto& name : state->module_names) state->module_paths.push_back(name.cast<std::string>());
   state->settle_pending = true;
   state->on = true;
@@ -1395,6 +1523,9 @@ py::tuple drain_lines(int64_t base, py::dict dtype_names) {
   std::vector<std::string> module_json(state->module_names.size() + 1);
   static const std::array<std::string, 2> kinds = {"\"aten\"", "\"module\""};
   static const std::array<std::string, 4> formats = {"", "\"channels_last\"", "\"channels_last_3d\"", "\"strided\""};
+#ifdef OPBAND_CUDA
+  fetch_device_rows();
+#endif
   RowTexts row_texts;
   Lines line(state->outs.size() * 1024 + 64);  // every line, one after the other (pages untouched until written)
   int64_t count = 0;
@@ -1524,5 +1655,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("row_of", &row_of, "the statistics row of an output that holds the same memory, or None");
   m.def("epoch", &epoch, "ops that wrote in place so far");
   m.def("scalar_type_of", &scalar_type_of, "a tensor's c10::ScalarType code");
-  m.attr("TORCH_VERSION") = OPBAND_TORCH_VERSION;  // the torch it was built against (setup.py)
+  m.attr("TORCH_VERSION") = OPBAND_TORCH_VERSION;
+#ifdef OPBAND_CUDA
+  m.def("cuda_stats_row", &cuda_stats_row, "device_stats's row of a CUDA tensor, by this module's kernel (no host sync)");
+  m.attr("CUDA") = true;  // summarises CUDA outputs (built with nvcc against a CUDA torch)
+#else
+  m.attr("CUDA") = false;
+#endif  // the torch it was built against (setup.py)
 }
