@@ -9,9 +9,34 @@ it also compiles ``hooks/native/stats_cuda.cu``: the observer then summarises CU
 from __future__ import annotations
 
 import os
+import re
+import subprocess
+import sys
 from typing import Any
 
 from setuptools import setup
+
+
+def _cuda_problem(torch: Any, cuda_home: str) -> str | None:
+    """Why the CUDA path cannot be built here (nvcc missing or of another major version than torch's
+    CUDA), or None. With no GPU visible and no ``TORCH_CUDA_ARCH_LIST``, the architectures torch itself
+    was built for are targeted (torch's own detection needs a visible GPU)."""
+    nvcc = os.path.join(cuda_home, "bin", "nvcc")
+    try:
+        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"{nvcc} --version failed ({e})"
+    found = re.search(r"release (\d+)\.(\d+)", out)
+    if found is None:
+        return f"{nvcc} --version printed no release number"
+    if found.group(1) != str(torch.version.cuda).split(".")[0]:
+        return f"nvcc is CUDA {found.group(1)}.{found.group(2)}, torch was built with CUDA {torch.version.cuda}"
+    if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.device_count():
+        archs = [m.group(1) + "." + m.group(2) for a in torch.cuda.get_arch_list() if (m := re.fullmatch(r"sm_(\d+)(\d)", a))]
+        if not archs:
+            return "no GPU is visible and torch names no CUDA architecture: set TORCH_CUDA_ARCH_LIST (e.g. 9.0)"
+        os.environ["TORCH_CUDA_ARCH_LIST"] = ";".join(archs)
+    return None
 
 
 def _observer() -> dict[str, Any]:
@@ -23,7 +48,11 @@ def _observer() -> dict[str, Any]:
     except ImportError:  # an isolated build without torch: the Python dispatch mode only
         return {}
     macros = [("OPBAND_TORCH_VERSION", f'"{torch.__version__}"')]
-    if torch.version.cuda and CUDA_HOME and not os.environ.get("OPBAND_NO_CUDA"):
+    cuda = bool(torch.version.cuda and CUDA_HOME and not os.environ.get("OPBAND_NO_CUDA"))
+    if cuda and (problem := _cuda_problem(torch, CUDA_HOME)):
+        print(f"hooks._observer: building without its CUDA path: {problem}", file=sys.stderr)
+        cuda = False
+    if cuda:
         # a CUDA torch and nvcc: CUDA outputs are summarised in C++ too (hooks/native/stats_cuda.cu)
         ext = CUDAExtension("hooks._observer", ["hooks/native/observer.cpp", "hooks/native/stats_cuda.cu"],
                             extra_compile_args={"cxx": ["-O2"], "nvcc": ["-O3"]},

@@ -130,7 +130,9 @@ class WriteBehind:
             written = 0
             try:
                 written = _write_batch(self._fd, batch)
+                del batch  # the views' owners are free once written, not when the next batch comes
             except BaseException as e:  # noqa: BLE001 - handed to the caller by put/drain/close
+                del batch
                 with self._cond:
                     self._error = e
                     self._busy = False

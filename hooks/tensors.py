@@ -346,12 +346,14 @@ def _cpu_sample_index(n: int) -> torch.Tensor:
 
 
 def _sample_index(n: int, device: torch.device) -> torch.Tensor:
-    """``SAMPLE_SIZE`` evenly spaced flat indices (cached: shapes repeat across layers)."""
+    """``SAMPLE_SIZE`` evenly spaced flat indices (cached: shapes repeat across layers). The float32
+    ``linspace`` may round past the last element for some ``n`` beyond 2**24: clamped to ``n - 1``."""
     idx = _SAMPLE_INDEX.get((n, device))
     if idx is None:
         if len(_SAMPLE_INDEX) > 4096:
             _SAMPLE_INDEX.clear()
-        idx = _SAMPLE_INDEX[(n, device)] = torch.linspace(0, n - 1, min(SAMPLE_SIZE, n), device=device).round().long()
+        idx = _SAMPLE_INDEX[(n, device)] = (
+            torch.linspace(0, n - 1, min(SAMPLE_SIZE, n), device=device).round().long().clamp_max(n - 1))
     return idx
 
 

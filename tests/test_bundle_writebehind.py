@@ -183,6 +183,26 @@ def test_streamed_early_small_bundles_end_up_as_compact_as_in_memory_ones(tmp_pa
     assert all(np.array_equal(Bundle.open(tmp_path / "b0.bundle").values(f"t{i}"), a) for i, a in enumerate(arrays))
 
 
+def test_a_written_piece_is_let_go_before_drain_returns(tmp_path: Path) -> None:
+    """The caller's memory is free once written: the thread must not hold the last batch until the next."""
+    import gc
+    import weakref
+
+    path = tmp_path / "f"
+    with open(path, "w+b") as f:
+        w = writebehind.WriteBehind(f.fileno(), limit=1 << 20)
+        for i in range(3):
+            owner = np.full(4096, i, dtype=np.uint8)
+            alive = weakref.ref(owner)
+            w.put(i * 4096, memoryview(owner))
+            del owner
+            w.drain()
+            gc.collect()
+            assert alive() is None, f"piece {i} is still held by the writer thread after drain()"
+        w.close()
+    assert path.read_bytes() == b"".join(bytes([i]) * 4096 for i in range(3))
+
+
 def test_put_many_waits_for_room_and_keeps_the_order(tmp_path: Path) -> None:
     rng = np.random.default_rng(3)
     pieces = [rng.integers(0, 256, n, dtype=np.uint8) for n in (10, 3 << 20, 0, 5, 2 << 20, 1 << 20, 7)]

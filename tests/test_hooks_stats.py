@@ -185,6 +185,21 @@ def test_row_layout() -> None:
     assert _row_dict(row)["sample"] == [1.0, 2.0]
 
 
+@pytest.mark.parametrize("n", [(1 << 24) + 4, (1 << 26) + 7])
+def test_sample_indices_stay_inside_the_tensor(n: int) -> None:
+    """float32 ``linspace`` rounds its last point to ``n`` for these sizes: the index must stop at ``n - 1``."""
+    from hooks.tensors import _sample_index
+
+    idx = _sample_index(n, torch.device("cpu"))
+    assert int(idx[0]) == 0 and int(idx[-1]) == n - 1 and bool((idx[1:] >= idx[:-1]).all())
+
+
+def test_the_sample_of_a_huge_tensor_ends_at_its_last_element() -> None:
+    x = torch.arange((1 << 24) + 4, dtype=torch.int32)
+    row = _row_dict(host_stats(x))
+    assert row["sample"][0] == 0 and row["sample"][-1] == x.numel() - 1
+
+
 def test_kernel_handles_empty_tensors_and_many_samples() -> None:
     out = fused.tensor_stats(np.zeros(0, np.float32))
     assert out.tolist() == [math.inf, -math.inf, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]

@@ -123,7 +123,8 @@ def test_the_observer_is_built_for_this_torch() -> None:
     from torch.utils.cpp_extension import CUDA_HOME
 
     # setup.py builds the CUDA path exactly where it can: a CUDA torch and nvcc
-    assert _observer.CUDA == bool(torch.version.cuda and CUDA_HOME and not os.environ.get("OPBAND_NO_CUDA"))
+    wanted = bool(torch.version.cuda and CUDA_HOME and not os.environ.get("OPBAND_NO_CUDA"))
+    assert _observer.CUDA == wanted, "setup.py printed why it built without the CUDA path (nvcc's version?)"
 
 
 def test_models_on_other_devices_take_the_dispatch_mode() -> None:
@@ -468,3 +469,21 @@ def test_more_rows_than_the_observer_table_holds_record_the_same(mode: str, tmp_
     x = torch.arange(6.0).reshape(2, 3)
     _, seen = _same_records(tmp_path, "many", model, lambda cap: model(x), mode=mode)
     assert sum(r.op == "aten.add" for r in seen.records) == 4500
+
+
+class _Huge(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+
+def test_the_sample_of_a_huge_output_ends_at_its_last_element(tmp_path: Path) -> None:
+    """n = 2**24 + 4: float32 ``linspace`` puts the last sample point at ``n``, one past the end."""
+    model, x = _Huge(), torch.arange((1 << 24) + 4, dtype=torch.int32)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread: the observer summarises it in C++, not the Python path's parallel row
+    try:
+        _, seen = _same_records(tmp_path, "huge", model, lambda cap: model(x))
+    finally:
+        torch.set_num_threads(threads)
+    rec = next(r for r in seen.records if r.op == "aten.add")
+    assert rec.stats is not None and rec.stats.sample[-1] == x.numel()  # x[-1] + 1

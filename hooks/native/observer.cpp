@@ -375,9 +375,9 @@ const at::Tensor& sample_index(int64_t n) {
   auto it = state->sample_index.find(n);
   if (it != state->sample_index.end()) return it->second;
   if (state->sample_index.size() > 4096) state->sample_index.clear();
-  // the same indices as hooks.tensors._sample_index (torch.linspace in the default dtype)
+  // the same indices as hooks.tensors._sample_index (torch.linspace in the default dtype, clamped to n - 1)
   at::Tensor idx = quietly([n] {
-    return at::linspace(0, static_cast<double>(n - 1), std::min<int64_t>(kSample, n)).round().to(at::kLong);
+    return at::linspace(0, static_cast<double>(n - 1), std::min<int64_t>(kSample, n)).round().to(at::kLong).clamp_max(n - 1);
   });
   return state->sample_index.emplace(n, std::move(idx)).first->second;
 }
@@ -442,7 +442,8 @@ const at::Tensor& device_sample_index(int64_t n, const at::Device& device) {
   if (state->device_sample_index.size() > 4096) state->device_sample_index.clear();
   at::Tensor idx = at::linspace(0, static_cast<double>(n - 1), std::min<int64_t>(kSample, n), at::TensorOptions().device(device))
                        .round()
-                       .to(at::kLong);
+                       .to(at::kLong)
+                       .clamp_max(n - 1);
   return state->device_sample_index.emplace(n, std::move(idx)).first->second;
 }
 
