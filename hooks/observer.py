@@ -43,7 +43,6 @@ of CUDA models and several ranks. Set
 
 from __future__ import annotations
 
-import importlib
 import os
 import warnings
 from collections.abc import Iterator
@@ -56,6 +55,7 @@ from accuracy import fused
 from accuracy.bundle.writer import RecordLines
 from accuracy.capture_format import KERNEL_DTYPES, SAMPLE_SIZE, STAT_COUNTS, STAT_FIELDS
 from accuracy.manifest import Record
+from hooks import native_module
 from hooks.options import CaptureOptions
 from hooks.tensors import NO_NUMBER_OPS, dtype_tag, fast_leaves
 
@@ -63,13 +63,8 @@ if TYPE_CHECKING:
     from hooks.modes import ModuleHooks
     from hooks.recorder import Recorder
 
-try:  # the compiled extension by its full name (``from hooks import`` would tie this module to the package's __init__)
-    _observer: Any = importlib.import_module("hooks._observer")
-except ImportError as e:  # not built (no compiler at install time, or an isolated build without torch)
-    _observer = None
-    _MISSING = f"hooks._observer is not built ({e}); reinstall with `pip install --no-build-isolation` after torch"
-else:
-    _MISSING = ""
+_observer: Any = native_module.compiled
+_MISSING = native_module.MISSING
 
 #: the observer capture running in this process (one at a time: its state is process-wide)
 _ACTIVE: list[ObserverMode] = []
@@ -80,6 +75,10 @@ _DTYPE_TAGS: dict[int, str] = {}
 #: full mode: Python takes the queued tensors at once when this many bytes wait (or ``buffer_bytes``, if
 #: less): outputs held for the writer stay bounded
 HAND_BYTES = 16 << 20
+
+#: tests: every drain inside the forward is deferred as CUDA rows make it, so the deferred path (held
+#: records, reserved places, filled at the end) runs on CPU rows too
+DEFER_ALL = False
 
 #: the observer writes its record lines without validation: keys (module path, "/", op, "#", ordinal)
 #: stay under Record.key's 4096 characters when module paths stay under this
@@ -107,10 +106,9 @@ def why_not(opts: CaptureOptions, model: torch.nn.Module) -> str | None:
     """Why this capture cannot use the compiled observer, or None when it can."""
     if os.environ.get("OPBAND_OBSERVER", "1") == "0":
         return "switched off by OPBAND_OBSERVER=0"
-    if _observer is None:
-        return _MISSING
-    if _observer.TORCH_VERSION != torch.__version__:
-        return f"hooks._observer was built for torch {_observer.TORCH_VERSION}, this is {torch.__version__}: reinstall opband"
+    unusable = native_module.unusable()
+    if unusable:
+        return unusable
     if opts.level != "aten":
         return "the observer serves the aten level"
     if opts.mode == "full" and opts.max_bytes is not None:
@@ -164,6 +162,7 @@ class ObserverMode:
         self.unwritten: set[str] = set()  # full mode: tensors stored here that could not be written
         self.full = recorder.opts.mode == "full"  # only full mode queues tensors for the writer
         self.wrapped: list[torch.nn.Module] = []  # modules whose forward is a compiled wrapper (wrap_modules)
+        self.deferred: list[int] = []  # places in the record log of drains the observer held (drain)
 
     def __enter__(self) -> ObserverMode:
         assert _observer is not None
@@ -177,6 +176,7 @@ class ObserverMode:
             "settle": self._settle, "escape": self._escape,
             "full": self.full, "hand_over": self._hand_over,
             "hand_bytes": min(HAND_BYTES, rec.opts.buffer_bytes), "cuda_device": self.cuda,
+            "defer_all": DEFER_ALL,
         })
         _ACTIVE.append(self)
         rec.on_state = self.sync
@@ -215,8 +215,10 @@ class ObserverMode:
         rec = self.rec
         try:
             self._unwrap_modules()
-            self.drain()
+            self.drain(final=True)
             counts = _observer.counts() if _observer is not None else {}
+            for error in counts.get("errors", []):
+                rec.diagnose(None, f"the CUDA statistics of an output could not be made: {error}")
             rec.skipped.update(counts.get("skipped", {}))
             rec.ops_seen += counts.get("ops_seen", 0)
         finally:
@@ -242,18 +244,30 @@ class ObserverMode:
         _observer.set_state(rec.active and not rec.busy and not self.paused_depth, module, rec.step, rec.active,
                             not self.paused_depth)
 
-    def drain(self) -> None:
+    def drain(self, final: bool = False) -> None:
         """Move the observer's records into the recorder's list (before the recorder adds one itself),
-        and its queued tensors to the bundle writer."""
+        and its queued tensors to the bundle writer. Inside the forward (not ``final``) while CUDA rows
+        are pending, the observer holds the records and only their place is taken: reading the rows
+        would wait for the device. The ``final`` drain fills those places, then adds the rest."""
         assert _observer is not None
         rec = self.rec
         self._hand_over()
-        data, count = _observer.drain_lines(len(rec.log), _dtype_names())  # JSON lines, as the bundle stores them
-        if count:
-            batch = RecordLines(data, count)
-            # no record names a tensor the bundle does not hold
-            rec.log.add_lines([self._unnamed(line) for line in batch.lines()] if self.unwritten else batch)
+        if final:
+            for place, (data, count) in zip(self.deferred, _observer.held_lines(_dtype_names()), strict=True):
+                rec.log.fill(place, self._lines(data, count))
+            self.deferred = []
+        data, count = _observer.drain_lines(len(rec.log), _dtype_names(), not final)  # JSON lines, as the bundle stores them
+        if data is None:
+            self.deferred.append(rec.log.reserve(count))
+        elif count:
+            rec.log.add_lines(self._lines(data, count))
         rec.stats.epoch = _observer.epoch()  # the writes it saw: earlier rows of the same memory are stale
+
+    def _lines(self, data: bytes, count: int) -> RecordLines:
+        """The observer's lines; no record names a tensor the bundle does not hold."""
+        if not self.unwritten:
+            return RecordLines(data, count)
+        return RecordLines(b"".join(self._unnamed(line) + b"\n" for line in RecordLines(data, count).lines()), count)
 
     def record_module(self, name: str, args: Any, output: Any) -> bool:
         """A module's output (its forward hook, after the stack was popped): recorded by the observer,

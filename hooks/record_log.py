@@ -26,12 +26,21 @@ def record_fields(*values: Any) -> dict[str, Any]:
     return dict(zip(RECORD_FIELDS, values, strict=True))
 
 
+class _Reserved:
+    """The place of records whose lines come later (a drain the observer deferred inside the forward)."""
+
+    __slots__ = ("count",)
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+
 class RecordLog:
     """A capture's records in execution order: field dicts (statistics filled in by :meth:`fill_stats`)
     and the compiled observer's JSON lines, until :meth:`settle` makes them the bundle's records."""
 
     def __init__(self) -> None:
-        self._items: list[dict[str, Any] | bytes | RecordLines] = []
+        self._items: list[dict[str, Any] | bytes | RecordLines | _Reserved] = []
         self._slots: list[int | None] = []  # per item: its statistics row, or None
         self._lines = 0
         self._count = 0  # records (a RecordLines item holds several)
@@ -67,6 +76,27 @@ class RecordLog:
         self._lines += n
         self._count += n
 
+    def reserve(self, count: int) -> int:
+        """A place for ``count`` observer records whose lines :meth:`fill` gives later (they count from
+        now on); returns the place."""
+        self._items.append(_Reserved(count))
+        self._slots.append(None)
+        self._lines += count
+        self._count += count
+        return len(self._items) - 1
+
+    def fill(self, place: int, lines: RecordLines) -> None:
+        """The lines of the records reserved at ``place``."""
+        reserved = self._items[place]
+        if type(reserved) is not _Reserved or reserved.count != lines.count:
+            raise ValueError(f"record place {place} was not reserved for {lines.count} records")
+        self._items[place] = lines
+
+    def _check_filled(self, items: list[Any]) -> None:
+        if any(type(r) is _Reserved for r in items):
+            raise RuntimeError("some records are not final until the capture ends (the observer reads "
+                               "their statistics from the device then): read them after the capture")
+
     def fill_stats(self, rows: Sequence[dict[str, Any]]) -> None:
         """Each record's statistics from its row (``StatsBatch.to_host``'s dicts)."""
         for item, slot in zip(self._items, self._slots, strict=True):
@@ -89,6 +119,7 @@ class RecordLog:
     def settle(self, models: list[Record]) -> list[Record | bytes | RecordLines]:
         """The final records in execution order: ``models`` (made from :meth:`fields`) in their places
         between the observer's lines. Later reads (:meth:`records`) see these."""
+        self._check_filled(self._items)
         if not self._lines:
             self._final = list(models)
         else:
@@ -105,6 +136,7 @@ class RecordLog:
     def lines(self) -> list[bytes]:
         """The records the compiled observer handed over, as its JSON lines."""
         items: list[Any] = self._final if self._final is not None else self._items
+        self._check_filled(items)
         out: list[bytes] = []
         for r in items:
             if type(r) is bytes:
@@ -116,6 +148,7 @@ class RecordLog:
     def records(self) -> Iterator[Record]:
         """Every record so far as a :class:`~accuracy.manifest.Record`, in execution order."""
         items: list[Any] = self._final if self._final is not None else self._items
+        self._check_filled(items)
         for r in items:
             if isinstance(r, Record):
                 yield r

@@ -10,7 +10,6 @@ tags and the statistics row's layout come from :mod:`accuracy.capture_format`.
 from __future__ import annotations
 
 import functools
-import importlib
 import math
 import os
 import warnings
@@ -23,6 +22,7 @@ import torch
 
 from accuracy import fused
 from accuracy.capture_format import DTYPES, KERNEL_DTYPES as _KERNEL_NAMES, ROW_LENGTH, SAMPLE_SIZE, STAT_COUNTS, STAT_FIELDS
+from hooks import native_module
 
 #: Ops that move no numbers: views, reshapes, aliasing, metadata. Skipped and counted by default.
 NO_NUMBER_OPS = frozenset({
@@ -331,7 +331,7 @@ def _row_dict(vals: list[float]) -> dict[str, Any]:
     return out
 
 
-_SAMPLE_INDEX: dict[tuple[int, torch.device], torch.Tensor] = {}
+_SAMPLE_INDEX: dict[tuple[int, torch.device, int | None], torch.Tensor] = {}  # by (numel, device, CUDA stream)
 _CPU_SAMPLE_INDEX: dict[int, torch.Tensor] = {}  # the same for CPU, by numel alone (hashing a device costs)
 _CPU = torch.device("cpu")
 
@@ -347,12 +347,14 @@ def _cpu_sample_index(n: int) -> torch.Tensor:
 
 def _sample_index(n: int, device: torch.device) -> torch.Tensor:
     """``SAMPLE_SIZE`` evenly spaced flat indices (cached: shapes repeat across layers). The float32
-    ``linspace`` may round past the last element for some ``n`` beyond 2**24: clamped to ``n - 1``."""
-    idx = _SAMPLE_INDEX.get((n, device))
+    ``linspace`` may round past the last element for some ``n`` beyond 2**24: clamped to ``n - 1``.
+    On CUDA one per stream, made on it: a launch on another stream could read it before it is written."""
+    key = (n, device, torch.cuda.current_stream(device).stream_id if device.type == "cuda" else None)
+    idx = _SAMPLE_INDEX.get(key)
     if idx is None:
         if len(_SAMPLE_INDEX) > 4096:
             _SAMPLE_INDEX.clear()
-        idx = _SAMPLE_INDEX[(n, device)] = (
+        idx = _SAMPLE_INDEX[key] = (
             torch.linspace(0, n - 1, min(SAMPLE_SIZE, n), device=device).round().long().clamp_max(n - 1))
     return idx
 
@@ -483,11 +485,7 @@ def _compiled_cuda() -> Any:
     """``hooks._observer`` when it was built with CUDA for this torch and ``OPBAND_DEVICE_STATS`` allows it, else None."""
     if os.environ.get("OPBAND_DEVICE_STATS") in ("torch", "triton"):
         return None
-    try:
-        module = importlib.import_module("hooks._observer")
-    except ImportError:
-        return None
-    return module if getattr(module, "CUDA", False) and module.TORCH_VERSION == torch.__version__ else None
+    return native_module.with_cuda()
 
 
 def _use_triton(values: torch.Tensor) -> bool:

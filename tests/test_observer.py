@@ -487,3 +487,39 @@ def test_the_sample_of_a_huge_output_ends_at_its_last_element(tmp_path: Path) ->
         torch.set_num_threads(threads)
     rec = next(r for r in seen.records if r.op == "aten.add")
     assert rec.stats is not None and rec.stats.sample[-1] == x.numel()  # x[-1] + 1
+
+
+@pytest.mark.parametrize("mode", ["summary", "full"])
+@pytest.mark.parametrize("name", ["odd", "mixed"])  # complex outputs; module outputs the wrappers hand over
+def test_drains_deferred_inside_the_forward_record_the_same(name: str, mode: str, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUDA rows defer every drain inside the forward (an op or module output handed to Python) to the
+    capture's end; DEFER_ALL takes that path with CPU rows: the same records, in the same order."""
+    from hooks.record_log import RecordLog
+
+    monkeypatch.setattr(observer, "DEFER_ALL", True)
+    reserved: list[int] = []
+    real = RecordLog.reserve
+    monkeypatch.setattr(RecordLog, "reserve", lambda log, count: reserved.append(count) or real(log, count))
+    torch.manual_seed(0)
+    if name == "odd":
+        model, img, x = _Odd(), torch.randn(2, 3, 8, 8), torch.randn(5, 6)
+        _same_records(tmp_path, name, model, lambda cap: model(img, x), mode=mode)
+    else:
+        from test_observer_modules import _Mixed
+
+        mixed, v = _Mixed(), torch.randn(2, 4)
+        _same_records(tmp_path, name, mixed, lambda cap: mixed(v), mode=mode)
+    assert reserved and all(reserved), "no drain inside the forward was deferred"
+
+
+def test_records_held_by_the_observer_are_read_after_the_capture(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(observer, "DEFER_ALL", True)
+    monkeypatch.setenv("OPBAND_OBSERVER", "1")
+    model, img, x = _Odd(), torch.randn(2, 3, 8, 8), torch.randn(5, 6)
+    with capture(model, tmp_path / "b.bundle", level="aten", mode="summary", progress=False) as cap:
+        model(img, x)
+        with pytest.raises(RuntimeError, match="read them after the capture"):
+            list(cap.records)
+    assert cap.engine == "observer" and len(list(cap.records)) > 10

@@ -138,3 +138,39 @@ def test_full_mode_on_cuda_takes_the_dispatch_mode(tmp_path: Path) -> None:
     with torch.no_grad(), capture(model, tmp_path / "f.bundle", mode="full", progress=False) as cap:
         model(torch.randn(2, 4, device="cuda"))
     assert cap.engine == "dispatch mode (full captures of CUDA models take the dispatch mode)"
+
+
+class _SideStreams(torch.nn.Module):
+    """Ops on the default stream and on a side stream (rows launched on each, the same sizes: a sample index
+    per stream), and a complex output handed to Python inside the forward (a deferred drain)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(64, 64)
+        self.side = torch.cuda.Stream()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x).relu()
+        self.side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.side):
+            z = (self.lin(x) * 2).tanh()
+            spectrum = torch.fft.rfft(z)  # complex64: the recorder's own path
+        torch.cuda.current_stream().wait_stream(self.side)
+        return y + z + spectrum.real.sum()
+
+
+def test_side_streams_and_handed_over_outputs_record_the_same_without_a_sync(tmp_path: Path) -> None:
+    _compiled()
+    torch.manual_seed(0)
+    model, x = _SideStreams().cuda(), torch.randn(8, 64, device="cuda")
+    with torch.no_grad():
+        _same_records(tmp_path, "streams", model, lambda cap: model(x))
+        torch.cuda.synchronize()
+        with capture(model, tmp_path / "s.bundle", mode="summary", progress=False) as cap:
+            torch.cuda.set_sync_debug_mode("error")  # the drain for the complex output waits for nothing
+            try:
+                model(x)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+    assert cap.engine == "observer" and not cap._recorder.diagnostics
+    assert any(r.qparams and r.qparams.get("complex") for r in cap.records)

@@ -34,6 +34,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -225,6 +226,15 @@ struct HeldBytes {
   at::Tensor values;
 };
 
+// The records of a drain deferred inside the forward (drain_lines with `defer`), kept with their shapes
+// until the capture's last drain (held_lines), when the device rows they name are home.
+struct Held {
+  std::vector<Call> calls;
+  std::vector<Out> outs;
+  std::vector<int64_t> ints;
+  int64_t base;  // the index of its first record
+};
+
 struct State {
   bool installed = false;
   bool on = false;  // recording: the recorder is active and not busy
@@ -276,8 +286,15 @@ struct State {
   // since the last drain (float32, kRow each, in chunks of kChunkRows) and the sample indices there
   int cuda_device = -1;
   std::vector<at::Tensor> device_chunks;
+  std::vector<c10::Stream> chunk_streams;  // the stream each chunk was allocated on
   int64_t device_rows = 0;
-  std::unordered_map<int64_t, at::Tensor> device_sample_index;
+  // by (numel, stream id): made on the stream whose launches read it, so never read before it is written
+  std::map<std::pair<int64_t, int64_t>, at::Tensor> device_sample_index;
+  // drains inside the forward while device rows are pending (or always, `defer_all`: tests run the
+  // deferred path on CPU rows) keep their records here, in order: reading the rows would sync the host
+  std::vector<Held> held;
+  bool defer_all = false;
+  std::vector<std::string> errors;  // rows that could not be made (a failed kernel launch), for diagnostics
 };
 
 State* state = nullptr;
@@ -402,7 +419,7 @@ int device_dtype(at::ScalarType t) {
 // The row of the CUDA tensor `t` (a dtype device_dtype takes) written to `row` on the device, launched on
 // the current stream of its device: hooks.triton_stats.stats_row's input handling (flat, contiguous when its
 // flat view is strided), `idx` its sample's flat indices there. No host sync.
-void launch_row(const at::Tensor& t, const at::Tensor& idx, int64_t size, float* row) {
+void launch_row(const at::Tensor& t, const at::Tensor& idx, int64_t size, float* row, const c10::Stream& stream) {
   const c10::DeviceGuard guard(t.device());
   at::Tensor x = t.reshape(-1);
   if (x.numel() > 1 && x.stride(0) != 1) x = x.contiguous();
@@ -410,11 +427,15 @@ void launch_row(const at::Tensor& t, const at::Tensor& idx, int64_t size, float*
   const opband_cuda::Plan plan = opband_cuda::plan(n);
   at::Tensor part;
   if (plan.programs > 1) part = at::empty({plan.programs * opband_cuda::kParts}, x.options().dtype(at::kDouble));
-  void* stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(t.device()).native_handle();
   const char* err = opband_cuda::stats_row(x.const_data_ptr(), device_dtype(x.scalar_type()), n, idx.const_data_ptr<int64_t>(),
                                            idx.numel(), row, static_cast<int>(size),
-                                           part.defined() ? part.mutable_data_ptr<double>() : nullptr, plan, stream);
+                                           part.defined() ? part.mutable_data_ptr<double>() : nullptr, plan,
+                                           stream.native_handle());
   TORCH_CHECK(err == nullptr, "opband: the CUDA statistics kernel failed to launch: ", err);
+}
+
+c10::Stream current_stream(const at::Device& device) {
+  return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device);
 }
 
 // hooks.tensors.device_stats's row of a CUDA tensor through this file's kernel (the dispatch mode's path):
@@ -427,7 +448,7 @@ at::Tensor cuda_stats_row(const at::Tensor& values, const at::Tensor& sample_ind
               "cuda_stats_row: the sample index must be a contiguous int64 tensor on the values' device, at most sample_size long");
   at::Tensor row = at::empty({kStatFields + sample_size}, values.options().dtype(at::kFloat));
   quietly([&] {
-    launch_row(values, sample_index, sample_size, row.mutable_data_ptr<float>());
+    launch_row(values, sample_index, sample_size, row.mutable_data_ptr<float>(), current_stream(values.device()));
     return 0;
   });
   return row;
@@ -435,31 +456,48 @@ at::Tensor cuda_stats_row(const at::Tensor& values, const at::Tensor& sample_ind
 
 constexpr int64_t kChunkRows = 4096;
 
-// The same indices as hooks.tensors._sample_index(n, device), made on the device (no host sync).
-const at::Tensor& device_sample_index(int64_t n, const at::Device& device) {
-  auto it = state->device_sample_index.find(n);
+// The same indices as hooks.tensors._sample_index(n, device), made on the device (no host sync) on
+// `stream`, the one whose launches read them (clearing the cache frees them in that stream's order).
+const at::Tensor& device_sample_index(int64_t n, const c10::Stream& stream) {
+  const std::pair<int64_t, int64_t> key(n, static_cast<int64_t>(stream.id()));
+  auto it = state->device_sample_index.find(key);
   if (it != state->device_sample_index.end()) return it->second;
   if (state->device_sample_index.size() > 4096) state->device_sample_index.clear();
-  at::Tensor idx = at::linspace(0, static_cast<double>(n - 1), std::min<int64_t>(kSample, n), at::TensorOptions().device(device))
+  at::Tensor idx = at::linspace(0, static_cast<double>(n - 1), std::min<int64_t>(kSample, n),
+                                at::TensorOptions().device(stream.device()))
                        .round()
                        .to(at::kLong)
                        .clamp_max(n - 1);
-  return state->device_sample_index.emplace(n, std::move(idx)).first->second;
+  return state->device_sample_index.emplace(key, std::move(idx)).first->second;
 }
 
-// A CUDA output's row, launched into the next slot of the device rows (read back at the drain).
+// A CUDA output's row, launched on the current stream into the next slot of the device rows (read back
+// at the drain). A chunk written from a stream other than its own is recorded on that stream, so that
+// freeing it (stop() without a drain) waits for those launches. A launch that fails leaves no row and a
+// diagnostic, never a row of zeros.
 void device_row(const at::Tensor& t, Out& out) {
-  quietly([&] {
-    const int64_t slot = state->device_rows;
-    const size_t chunk = static_cast<size_t>(slot / kChunkRows);
-    if (chunk == state->device_chunks.size())
-      state->device_chunks.push_back(at::empty({kChunkRows, kRow}, t.options().dtype(at::kFloat)));
-    float* row = state->device_chunks[chunk].mutable_data_ptr<float>() + (slot % kChunkRows) * kRow;
-    launch_row(t, device_sample_index(t.numel(), t.device()), kSample, row);
-    out.device_row = slot;
-    ++state->device_rows;
-    return 0;
-  });
+  try {
+    quietly([&] {
+      const c10::Stream stream = current_stream(t.device());
+      const int64_t slot = state->device_rows;
+      const size_t chunk = static_cast<size_t>(slot / kChunkRows);
+      if (chunk == state->device_chunks.size()) {
+        state->device_chunks.push_back(at::empty({kChunkRows, kRow}, t.options().dtype(at::kFloat)));
+        state->chunk_streams.push_back(stream);
+      }
+      at::Tensor& rows = state->device_chunks[chunk];
+      if (state->chunk_streams[chunk] != stream)
+        c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->recordDataPtrOnStream(rows.storage().data_ptr(), stream);
+      float* row = rows.mutable_data_ptr<float>() + (slot % kChunkRows) * kRow;
+      launch_row(t, device_sample_index(t.numel(), stream), kSample, row, stream);
+      out.device_row = slot;
+      ++state->device_rows;
+      return 0;
+    });
+  } catch (const std::exception& e) {
+    out.has_row = false;
+    if (state->errors.size() < 16) state->errors.emplace_back(e.what());
+  }
 }
 
 // The device rows launched since the last drain, copied to the host (the drain's one wait for the device)
@@ -473,12 +511,16 @@ void fetch_device_rows() {
       const int64_t rows = std::min(kChunkRows, state->device_rows - first);
       host.push_back(state->device_chunks[static_cast<size_t>(c)].narrow(0, 0, rows).to(at::kCPU).to(at::kDouble));
     }
-    for (Out& o : state->outs) {
-      if (o.device_row < 0) continue;
-      const double* r = host[static_cast<size_t>(o.device_row / kChunkRows)].const_data_ptr<double>() + (o.device_row % kChunkRows) * kRow;
-      std::copy(r, r + kRow, o.row.begin());
-      o.device_row = -1;
-    }
+    auto fill = [&](std::vector<Out>& outs) {
+      for (Out& o : outs) {
+        if (o.device_row < 0) continue;
+        const double* r = host[static_cast<size_t>(o.device_row / kChunkRows)].const_data_ptr<double>() + (o.device_row % kChunkRows) * kRow;
+        std::copy(r, r + kRow, o.row.begin());
+        o.device_row = -1;
+      }
+    };
+    for (Held& h : state->held) fill(h.outs);
+    fill(state->outs);
     state->device_rows = 0;
     return 0;
   });
@@ -1243,6 +1285,7 @@ void start(py::dict opts) {
   state->hand_over = opts["hand_over"];
   state->hand_bytes = opts["hand_bytes"].cast<int64_t>();
   state->cuda_device = opts.contains("cuda_device") ? opts["cuda_device"].cast<int>() : -1;
+  state->defer_all = opts.contains("defer_all") && opts["defer_all"].cast<bool>();
 #ifndef OPBAND_CUDA
   TORCH_CHECK(state->cuda_device < 0, "hooks._observer was built without CUDA: a CUDA model takes the dispatch mode");
 #endif
@@ -1506,11 +1549,10 @@ class RowTexts {
   std::vector<Slot> slots_ = std::vector<Slot>(kSlots);
 };
 
-// The records made since the last drain as JSON lines (index from `base`), each ending in a newline, in
-// one buffer, and their number; `dtype_names` by c10::ScalarType code.
-py::tuple drain_lines(int64_t base, py::dict dtype_names) {
-  std::lock_guard<std::mutex> lock(records_lock);
-  if (state == nullptr) return py::make_tuple(py::bytes(), 0);
+// The records of State::calls/outs/ints as JSON lines (index from `base`), each ending in a newline, in
+// one buffer, and their number, emptying them; `dtype_names` by c10::ScalarType code (records_lock held,
+// device rows fetched).
+py::tuple lines_of(int64_t base, py::dict dtype_names) {
   std::vector<std::string> dtype_of(64);
   auto dtype_name = [&](int8_t code) -> const std::string& {
     auto& slot = dtype_of.at(static_cast<size_t>(code));
@@ -1524,9 +1566,6 @@ py::tuple drain_lines(int64_t base, py::dict dtype_names) {
   std::vector<std::string> module_json(state->module_names.size() + 1);
   static const std::array<std::string, 2> kinds = {"\"aten\"", "\"module\""};
   static const std::array<std::string, 4> formats = {"", "\"channels_last\"", "\"channels_last_3d\"", "\"strided\""};
-#ifdef OPBAND_CUDA
-  fetch_device_rows();
-#endif
   RowTexts row_texts;
   Lines line(state->outs.size() * 1024 + 64);  // every line, one after the other (pages untouched until written)
   int64_t count = 0;
@@ -1596,6 +1635,49 @@ py::tuple drain_lines(int64_t base, py::dict dtype_names) {
   return py::make_tuple(line.release(), count);
 }
 
+// The records made since the last drain: (their JSON lines in one buffer, their number), as lines_of.
+// With `defer` (a drain inside the forward) while device rows are pending, the records are held instead
+// (reading the rows would wait for the device) and (None, their number) is returned: held_lines gives
+// their lines at the end, in the order deferred.
+py::tuple drain_lines(int64_t base, py::dict dtype_names, bool defer) {
+  std::lock_guard<std::mutex> lock(records_lock);
+  if (state == nullptr) return py::make_tuple(py::bytes(), 0);
+  if (defer && !state->outs.empty() && (state->defer_all || state->device_rows > 0)) {
+    const auto count = static_cast<int64_t>(state->outs.size());
+    Held& h = state->held.emplace_back();
+    h.calls.swap(state->calls);
+    h.outs.swap(state->outs);
+    h.ints.swap(state->ints);
+    h.base = base;
+    return py::make_tuple(py::none(), count);
+  }
+#ifdef OPBAND_CUDA
+  fetch_device_rows();
+#endif
+  return lines_of(base, dtype_names);
+}
+
+// The held records' lines, one (lines, number) per deferred drain in order; the device rows are read first.
+py::list held_lines(py::dict dtype_names) {
+  std::lock_guard<std::mutex> lock(records_lock);
+  py::list out;
+  if (state == nullptr || state->held.empty()) return out;
+#ifdef OPBAND_CUDA
+  fetch_device_rows();
+#endif
+  for (Held& h : state->held) {
+    h.calls.swap(state->calls);
+    h.outs.swap(state->outs);
+    h.ints.swap(state->ints);
+    out.append(lines_of(h.base, dtype_names));
+    h.calls.swap(state->calls);  // the records made since the last drain come back
+    h.outs.swap(state->outs);
+    h.ints.swap(state->ints);
+  }
+  state->held.clear();
+  return out;
+}
+
 py::dict counts() {
   py::dict d;
   if (state == nullptr) return d;
@@ -1618,6 +1700,7 @@ py::dict counts() {
   }
   d["skipped"] = skipped;
   d["ops_seen"] = state->ops_seen;
+  d["errors"] = state->errors;
   return d;
 }
 
@@ -1648,7 +1731,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("unwrap_modules", &unwrap_modules, "the wrappers are gone (they call through from now on)");
   m.def("json_float", [](double v) { char buf[32]; return std::string(buf, float_chars(buf, v)); },
         "a float as the record lines write it (pydantic's, for the tests)");
-  m.def("drain_lines", &drain_lines, "the records made since the last drain, as pydantic's JSON lines in one buffer, and their number");
+  m.def("drain_lines", &drain_lines, py::arg("base"), py::arg("dtype_names"), py::arg("defer") = false,
+        "the records made since the last drain, as pydantic's JSON lines in one buffer, and their number; with "
+        "defer, inside the forward while device rows are pending, (None, their number): they are held for held_lines");
+  m.def("held_lines", &held_lines, "the deferred drains' records, (lines, number) each, in order: the device rows are read first");
   m.def("counts", &counts, "skipped calls per op, ops seen");
   m.def("record_module", &record_module, "a module's output tensors as a module record; False if Python must");
   m.def("stored_name", &stored_name, "full mode: the name of a tensor stored here that this one is, or None");
