@@ -5,16 +5,20 @@ The caller hands over byte views with the file offset each belongs at (:meth:`Wr
 the thread takes whatever has queued up and writes it with one ``os.pwritev`` per batch (the GIL is
 released for the whole batch, so a Python-bound caller is interrupted once per batch, not once per
 tensor). Queued bytes are bounded: ``put`` waits while the new piece would take the unwritten bytes
-past ``limit`` (a piece larger than ``limit`` waits for an empty queue). The
-views must stay unchanged until written: the caller keeps them alive (a view holds its owner) and
-calls :meth:`drain` before anything may write into them. A write error stops the thread; the next
-``put``, ``drain`` or ``close`` raises it.
+past ``limit`` (a piece larger than ``limit`` waits for an empty queue; the time callers spent
+waiting is :attr:`WriteBehind.waited_s`). The views must stay unchanged until written: the caller
+keeps them alive (a view holds its owner) and calls :meth:`drain` before anything may write into
+them. Pieces whose bytes are still arriving (a device-to-host copy) come with a ``ready`` callable
+that the thread calls before it writes them (a CUDA event's ``synchronize``): the caller never waits
+for the copy. A write error (or one raised by ``ready``) stops the thread; the next ``put``, ``drain``
+or ``close`` raises it.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 
@@ -43,7 +47,8 @@ class WriteBehind:
             raise BundleError("background writes need os.pwritev, which this platform lacks")
         self._fd = fd
         self._limit = max(limit, 1)
-        self._queue: deque[tuple[int, memoryview]] = deque()
+        self._queue: deque[tuple[int, memoryview, Callable[[], object] | None]] = deque()
+        self.waited_s = 0.0  # time put_many spent waiting for room
         self._queued = 0  # bytes put and not yet written (queued or in the batch being written)
         self._busy = False  # a batch is being written
         self._flushing = 0  # drain() calls waiting: write whatever is queued, however little
@@ -60,18 +65,21 @@ class WriteBehind:
             data = data.cast("B")  # flat bytes: short writes are continued by byte offsets
         self.put_many([(offset, data)])
 
-    def put_many(self, pieces: list[tuple[int, memoryview]]) -> None:
+    def put_many(self, pieces: list[tuple[int, memoryview]], ready: Callable[[], object] | None = None) -> None:
         """Queue flat byte views (``format "B"``, one dimension) at their offsets, in order, under one
-        lock: a piece that would take the unwritten bytes past the limit waits for the thread."""
+        lock: a piece that would take the unwritten bytes past the limit waits for the thread. ``ready``,
+        when given, returns once the pieces' bytes are final; the thread calls it before writing them."""
         with self._cond:
             for offset, data in pieces:
                 n = data.nbytes
                 if not n:
                     continue
                 if self._queued and self._queued + n > self._limit:
+                    began = time.perf_counter()
                     self._wait_written(lambda n=n: bool(self._queued) and self._queued + n > self._limit)
+                    self.waited_s += time.perf_counter() - began
                 self._raise_error()
-                self._queue.append((offset, data))
+                self._queue.append((offset, data, ready))
                 self._queued += n
                 if self._queued >= self._wake and not self._busy:
                     self._cond.notify_all()
@@ -129,7 +137,8 @@ class WriteBehind:
                 self._busy = True
             written = 0
             try:
-                written = _write_batch(self._fd, batch)
+                _await_ready(batch)
+                written = _write_batch(self._fd, [(offset, data) for offset, data, _ in batch])
                 del batch  # the views' owners are free once written, not when the next batch comes
             except BaseException as e:  # noqa: BLE001 - handed to the caller by put/drain/close
                 del batch
@@ -144,6 +153,16 @@ class WriteBehind:
                 self._queued -= written
                 self._busy = False
                 self._cond.notify_all()
+
+
+def _await_ready(batch: list[tuple[int, memoryview, Callable[[], object] | None]]) -> None:
+    """Call each distinct ``ready`` of the batch once, in order: the bytes behind them have arrived."""
+    called: set[int] = set()
+    for piece in batch:
+        ready = piece[2]
+        if ready is not None and id(ready) not in called:
+            called.add(id(ready))
+            ready()
 
 
 def _write_batch(fd: int, batch: list[tuple[int, memoryview]]) -> int:

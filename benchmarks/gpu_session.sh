@@ -12,7 +12,9 @@
 #                                dispatch mode's, no sync), test_hooks_gpu.py, test_hooks_replay.py,
 #                                test_hooks_cudagraphs.py on CUDA
 #   capture-MODEL.txt            benchmarks/capture.py --device cuda (summary/full x aten/module) with a
-#                                cProfile of summary captures, for llama-small and llama-mid
+#                                cProfile of summary captures, for llama-small and llama-mid (issue 34: summary
+#                                under the observer <= 2x / 1.2x; aten full, side-stream copies, <= plain + 1.3x
+#                                the raw write)
 # and prints the tables; paste them into the closing note.
 set -u
 OUT=${OUT:-/tmp/opband-gpu}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -33,6 +33,49 @@ def copy_to_host(t: torch.Tensor) -> torch.Tensor:
         return t.to("cpu")
     host.copy_(t, non_blocking=True)
     return host
+
+
+class SideCopies:
+    """Device-to-host copies of one CUDA device's outputs into pinned memory on a side stream, so the
+    model's stream goes on while they run. Each copy first waits (on the device) for the work queued on
+    the current stream, and the output's memory is kept from reuse until the copy is done
+    (``record_stream``). :meth:`ready` gives a callable that returns once the copies queued so far have
+    arrived (a CUDA event: the bundle writer thread calls it, the model's thread never does).
+    :meth:`fence` makes the current stream wait for them (on the device, not the host): before an op
+    writes in place into memory a copy may still be reading."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.stream = torch.cuda.Stream(device)
+        self.pending = False  # copies queued since the last fence
+
+    @staticmethod
+    def serves(t: torch.Tensor) -> bool:
+        """Whether ``t`` is a plain CUDA tensor these copies take."""
+        return t.is_cuda and type(t) in (torch.Tensor, torch.nn.Parameter) and not t.is_sparse
+
+    def copy(self, t: torch.Tensor) -> torch.Tensor:
+        """A pinned host tensor that will hold ``t``'s values once :meth:`ready`'s callable returns."""
+        t = t.detach()
+        self.stream.wait_stream(torch.cuda.current_stream(t.device))
+        with torch.cuda.stream(self.stream):
+            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            host.copy_(t, non_blocking=True)
+        t.record_stream(self.stream)
+        self.pending = True
+        return host
+
+    def ready(self) -> Callable[[], object]:
+        """A callable that returns once every copy queued so far has arrived."""
+        event = torch.cuda.Event()
+        event.record(self.stream)
+        return event.synchronize
+
+    def fence(self) -> None:
+        """The current stream waits (on the device) for the copies queued so far."""
+        if self.pending:
+            torch.cuda.current_stream(self.device).wait_stream(self.stream)
+            self.pending = False
 
 
 def synchronize_copies(hosts: Iterable[torch.Tensor]) -> None:

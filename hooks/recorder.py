@@ -79,7 +79,10 @@ class Recorder:
                                    if opts.level == "aten" else 0)
         self.log = RecordLog()
         self.stats = StatsBatch(epochs=opts.level == "aten")
-        self.pending: list[tuple[str, torch.Tensor, str]] = []
+        self.pending: list[tuple[str, torch.Tensor, str]] = []  # host copies not yet handed to the writer
+        # the aten level (every in-place write seen, so a copy still reading memory is fenced before
+        # one): CUDA outputs are copied on a side stream, per device, and the writer thread waits for them
+        self.side_copies: dict[torch.device, devices.SideCopies] | None = {} if opts.level == "aten" else None
         self.pending_bytes = 0
         self.tensor_bytes = 0
         self.ops_seen = 0
@@ -108,6 +111,7 @@ class Recorder:
         # the background (parameter fingerprints, tensor writes) finishes first
         self._settle: Callable[[], None] | None = None
         self._before_write: Callable[[], None] | None = self._quiesce if self.writer.background else None
+        self._by_reference = False  # CPU memory handed to the writer thread since it last finished
         self.forked = False  # this is a fork of the capturing process (see _forked_off)
         self.write_error: str | None = None  # the writer thread's failure, once it failed
         _LIVE.add(self)
@@ -175,12 +179,16 @@ class Recorder:
         the model's memory finish. Never raises (a failed write is reported again when the bundle closes)."""
         settle, self._settle = self._settle, None
         try:
+            for copies in (self.side_copies or {}).values():
+                copies.fence()
             if settle is not None:
                 settle()
-            self.writer.drain()
+            if self._by_reference:  # the writer thread reads CPU memory the op may write: it finishes first
+                self.writer.drain()
+                self._by_reference = False
         except Exception as e:  # noqa: BLE001 - capture must never break the user's run
             self._write_failed(e)
-        if not self.writer.background or self.write_error is not None:
+        if (not self.writer.background and not self.side_copies) or self.write_error is not None:
             self._before_write = None
 
     def _write_failed(self, e: BaseException) -> None:
@@ -331,7 +339,7 @@ class Recorder:
             if not self._write_host(rec_id, payload.tag, tuple(host.shape), host.reshape(-1)):
                 return None
         else:
-            self.pending.append((rec_id, devices.copy_to_host(data), payload.tag))
+            self.pending.append((rec_id, self._host_copy(data), payload.tag))
             self.pending_bytes += nbytes
         if version is not None and reuse:  # a written-to output's version is bumped after the op (or never)
             self.stored[id(t)] = (weakref.ref(t), version, rec_id)
@@ -352,6 +360,7 @@ class Recorder:
         before = self.writer.bytes_written
         try:
             refused = self.writer.add_views(taken)
+            self._by_reference = self.writer.background
         except WriteFailed as e:  # the thread's earlier failure, not these tensors'
             self._write_failed(e)
             return [(name, "") for name, *_ in taken]
@@ -372,6 +381,7 @@ class Recorder:
         :meth:`settle_background`); False when the writer thread failed earlier."""
         try:
             self.writer.add(name, tag, shape, flat.numpy().data)
+            self._by_reference = self.writer.background
         except WriteFailed as e:  # the thread's earlier failure, not this tensor's
             self._write_failed(e)
             return False
@@ -382,13 +392,35 @@ class Recorder:
         """CPU tensors are written at once; accelerator tensors go through the pinned buffer."""
         return data.device.type == "cpu"
 
+    def _host_copy(self, data: torch.Tensor) -> torch.Tensor:
+        """A host copy of an accelerator tensor: on the device's side stream for CUDA at the aten level
+        (:class:`~hooks.devices.SideCopies`), else non-blocking into pinned memory on the current stream."""
+        if self.side_copies is None or not devices.SideCopies.serves(data):
+            return devices.copy_to_host(data)
+        copies = self.side_copies.get(data.device)
+        if copies is None:
+            copies = self.side_copies[data.device] = devices.SideCopies(data.device)
+            self._before_write = self._quiesce  # in-place writes fence the copies (and drain the writer)
+        return copies.copy(data)
+
     def flush(self) -> None:
+        """Hand the host copies to the writer: side-stream copies with a callable the writer thread waits
+        on (the model's thread never waits for them), others after a wait for their copies."""
         if not self.pending:
             return
-        devices.synchronize_copies([h for _, h, _ in self.pending])
+        side = [p for p in self.pending if p[1].is_pinned() and self.side_copies]
+        others = [p for p in self.pending if not (p[1].is_pinned() and self.side_copies)]
+        devices.synchronize_copies([h for _, h, _ in others])
         try:
-            for name, host, tag in self.pending:
+            for name, host, tag in others:
                 self.writer.add(name, tag, tuple(host.shape), host.reshape(-1).numpy().data)
+            if side:
+                waits = [c.ready() for c in self.side_copies.values()]  # type: ignore[union-attr]
+                refused = self.writer.add_views([(name, tag, tuple(host.shape), host.reshape(-1).numpy().data)
+                                                 for name, host, tag in side],
+                                                ready=waits[0] if len(waits) == 1 else lambda: [w() for w in waits])
+                for name, why in refused:
+                    self.diagnose(name, f"tensor not written: {why}")
         except WriteFailed as e:
             self._write_failed(e)
         finally:
@@ -421,6 +453,9 @@ class Recorder:
         self.log.fill_stats(self.stats.to_host())
         if self.calls:
             run = {**run, "calls": self.calls}
+        if self.side_copies:  # CUDA outputs copied on side streams: the one wait the capturing thread may have had
+            run = {**run, "side_copies": {"devices": [str(d) for d in self.side_copies],
+                                          "waited_for_the_writer_s": round(self.writer.waited_s, 6)}}
         fields = {"created_at": datetime.now(UTC).isoformat(timespec="seconds"), "run": run, "environment": env,
                   "skipped_ops": dict(sorted(self.skipped.items())), "diagnostics": self.diagnostics,
                   "fingerprints": fingerprints}

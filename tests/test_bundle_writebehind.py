@@ -203,6 +203,42 @@ def test_a_written_piece_is_let_go_before_drain_returns(tmp_path: Path) -> None:
     assert path.read_bytes() == b"".join(bytes([i]) * 4096 for i in range(3))
 
 
+def test_pieces_still_arriving_are_written_after_their_ready_call(tmp_path: Path) -> None:
+    """A device-to-host copy's bytes: the caller queues them at once, the thread waits for them."""
+    arrived = threading.Event()
+    buffers = [np.zeros(3 << 20, dtype=np.uint8), np.zeros(10, dtype=np.uint8)]  # past the wake-up size
+    calls: list[str] = []
+
+    def ready() -> None:
+        calls.append(threading.current_thread().name)
+        assert arrived.wait(10)
+        for i, b in enumerate(buffers):
+            b[:] = i + 1  # the copy lands
+
+    path = tmp_path / "f"
+    with open(path, "w+b") as f:
+        w = writebehind.WriteBehind(f.fileno(), limit=8 << 20)
+        w.put_many([(0, memoryview(buffers[0])), (buffers[0].nbytes, memoryview(buffers[1]))], ready)
+        arrived.set()  # put_many returned without waiting for the copy
+        w.close()
+    data = np.frombuffer(path.read_bytes(), dtype=np.uint8)
+    assert data.size == buffers[0].nbytes + 10 and (data[:buffers[0].nbytes] == 1).all() and (data[-10:] == 2).all()
+    assert calls == ["opband-bundle-writer"]  # once per call, on the writer thread
+
+
+@pytest.mark.parametrize("spill", [0, 1 << 30])  # streamed to the writer thread; kept in memory (read at once)
+def test_add_views_reads_pieces_still_arriving_only_after_ready(tmp_path: Path, spill: int) -> None:
+    buffer = np.zeros(64, dtype=np.float32)
+
+    def ready() -> None:
+        buffer[:] = 7.0
+
+    w = BundleWriter(tmp_path / "b.bundle", spill_bytes=spill, background_bytes=1 << 20)
+    assert w.add_views([("x", "F32", (64,), buffer.data)], ready=ready) == []
+    w.close(Manifest(run={"variant": "fp32"}))
+    assert (Bundle.open(tmp_path / "b.bundle").values("x") == 7.0).all()
+
+
 def test_put_many_waits_for_room_and_keeps_the_order(tmp_path: Path) -> None:
     rng = np.random.default_rng(3)
     pieces = [rng.integers(0, 256, n, dtype=np.uint8) for n in (10, 3 << 20, 0, 5, 2 << 20, 1 << 20, 7)]

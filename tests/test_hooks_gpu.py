@@ -51,3 +51,39 @@ def test_device_stats_on_cuda_match_float64_formulas() -> None:
         _check(got, reference(x), name, 2e-5 if x.dtype != torch.float64 else 1e-12,
                sums=name not in ("huge", "huge-nan", "finfo-min-mask"))  # float32 rows cannot hold their L2
     assert tensors._TRITON_BROKEN is None, tensors._TRITON_BROKEN
+
+
+class _InPlace(torch.nn.Module):
+    """An output written in place right after it is made: its side-stream copy must hold the values
+    before the write (the in-place op's stream waits for the copy on the device)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(256, 256)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)
+        y.mul_(-1.0).relu_()
+        return y * 2.0
+
+
+def test_full_capture_on_cuda_copies_on_a_side_stream_without_a_sync(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model, x = _InPlace().cuda(), torch.randn(64, 256, device="cuda")
+    with torch.no_grad():
+        want = model.lin(x)
+        torch.cuda.synchronize()
+        with capture(model, tmp_path / "f.bundle", mode="full", progress=False, buffer_bytes=1 << 16) as cap:
+            torch.cuda.set_sync_debug_mode("error")  # neither the copies nor the hand-over to the writer syncs
+            try:
+                out = model(x)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+    assert cap.engine.startswith("dispatch mode")
+    rec = cap._recorder
+    assert rec.side_copies and not rec.diagnostics, rec.diagnostics[:3]
+    b = Bundle.open(cap.bundle_path)
+    assert b.manifest.run["side_copies"]["devices"] == ["cuda:0"]
+    mm = next(r for r in b.records if r.op in ("aten.addmm", "aten.linear"))
+    torch.testing.assert_close(torch.from_numpy(b.values(mm.tensor).copy()).reshape(want.shape), want.cpu(), rtol=0, atol=0)
+    torch.testing.assert_close(torch.from_numpy(b.values(b.record("/forward#0").tensor).copy()), out.cpu())

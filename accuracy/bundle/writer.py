@@ -11,7 +11,7 @@ import os
 import struct
 import sys
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -182,14 +182,17 @@ class BundleWriter:
         if refused:
             raise BundleError(refused[0][1])
 
-    def add_views(self, items: Sequence[tuple[str, str, tuple[int, ...], Any]]) -> list[tuple[str, str]]:
+    def add_views(self, items: Sequence[tuple[str, str, tuple[int, ...], Any]],
+                  ready: Callable[[], object] | None = None) -> list[tuple[str, str]]:
         """Append tensors given as ``(name, dtype tag, shape, flat bytes)`` (any buffer), in order, as
         :meth:`add` does (the streamed ones queued for the writer thread under one lock); returns
-        ``(name, why)`` for each one refused (a reserved or repeated name, a bad tag or size)."""
-        return self._add_views(items)
+        ``(name, why)`` for each one refused (a reserved or repeated name, a bad tag or size).
+        ``ready`` returns once the buffers' bytes are final (device-to-host copies still arriving): the
+        writer thread calls it before writing them, this call only when it must read them itself."""
+        return self._add_views(items, ready=ready)
 
     def _add_views(self, items: Iterable[tuple[str, str, tuple[int, ...], Any]],
-                   ours: bool = False) -> list[tuple[str, str]]:
+                   ours: bool = False, ready: Callable[[], object] | None = None) -> list[tuple[str, str]]:
         """:meth:`add_views`; ``ours``: names under RESERVED_PREFIX are allowed (the records tensor)."""
         if self._file is None:
             raise BundleError("bundle writer is closed")
@@ -208,6 +211,9 @@ class BundleWriter:
             self._entry_bytes += len(name) + 24 * len(shape) + 96
             begin = self._offset
             self._offset += size
+            if ready is not None and (self._behind is None or (self._buffer is not None and self._offset < self._spill)):
+                ready()  # read here, not by the writer thread: the bytes must have arrived
+                ready = None
             if self._buffer is not None and self._offset < self._spill:
                 self._buffer.append(bytes(view))  # a copy: the caller may reuse its buffer
                 continue
@@ -219,7 +225,7 @@ class BundleWriter:
                 self._write(begin, view)
         if queued:
             assert self._behind is not None
-            self._behind.put_many(queued)
+            self._behind.put_many(queued, ready)
         return refused
 
     def _refusal(self, name: str, dtype: str, shape: tuple[int, ...], nbytes: int, ours: bool) -> str:
@@ -254,6 +260,11 @@ class BundleWriter:
     def unwritten_bytes(self) -> int:
         """Tensor bytes added and still waiting for the writer thread (0 when writes are not in the background)."""
         return self._behind.unwritten if self._behind is not None else 0
+
+    @property
+    def waited_s(self) -> float:
+        """Seconds callers waited for the writer thread to make room (its queue full)."""
+        return self._behind.waited_s if self._behind is not None else 0.0
 
     def drain(self) -> None:
         """Return once every tensor added so far is on disk: call it before anything may write into
