@@ -139,6 +139,8 @@ def why_not(opts: CaptureOptions, model: torch.nn.Module) -> str | None:
                 "`pip install --no-build-isolation` where both are, or CUDA models take the dispatch mode")
     if opts.mode == "full":
         return "full captures of CUDA models take the dispatch mode"
+    if os.environ.get("OPBAND_DEVICE_STATS") in ("torch", "triton"):  # the observer has the compiled kernel only
+        return f"OPBAND_DEVICE_STATS={os.environ['OPBAND_DEVICE_STATS']} asks for other CUDA statistics: the dispatch mode computes them"
     return None
 
 

@@ -174,3 +174,15 @@ def test_side_streams_and_handed_over_outputs_record_the_same_without_a_sync(tmp
                 torch.cuda.set_sync_debug_mode("default")
     assert cap.engine == "observer" and not cap._recorder.diagnostics
     assert any(r.qparams and r.qparams.get("complex") for r in cap.records)
+
+
+@pytest.mark.parametrize("stats", ["triton", "torch"])
+def test_other_device_statistics_take_the_dispatch_mode(stats: str, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The observer has the compiled kernel only: asking for another keeps both engines' bits equal."""
+    _compiled()
+    monkeypatch.setenv("OPBAND_DEVICE_STATS", stats)
+    model = torch.nn.Linear(4, 4).cuda()
+    with torch.no_grad(), capture(model, tmp_path / "s.bundle", mode="summary", progress=False) as cap:
+        model(torch.randn(2, 4, device="cuda"))
+    assert cap.engine.startswith("dispatch mode") and f"OPBAND_DEVICE_STATS={stats}" in cap.engine
