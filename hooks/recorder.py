@@ -83,6 +83,7 @@ class Recorder:
         # the aten level (every in-place write seen, so a copy still reading memory is fenced before
         # one): CUDA outputs are copied on a side stream, per device, and the writer thread waits for them
         self.side_copies: dict[torch.device, devices.SideCopies] | None = {} if opts.level == "aten" else None
+        self._side_hosts: set[int] = set()  # ids of the pending host copies made on a side stream
         self.pending_bytes = 0
         self.tensor_bytes = 0
         self.ops_seen = 0
@@ -401,15 +402,17 @@ class Recorder:
         if copies is None:
             copies = self.side_copies[data.device] = devices.SideCopies(data.device)
             self._before_write = self._quiesce  # in-place writes fence the copies (and drain the writer)
-        return copies.copy(data)
+        host = copies.copy(data)
+        self._side_hosts.add(id(host))
+        return host
 
     def flush(self) -> None:
         """Hand the host copies to the writer: side-stream copies with a callable the writer thread waits
         on (the model's thread never waits for them), others after a wait for their copies."""
         if not self.pending:
             return
-        side = [p for p in self.pending if p[1].is_pinned() and self.side_copies]
-        others = [p for p in self.pending if not (p[1].is_pinned() and self.side_copies)]
+        side = [p for p in self.pending if id(p[1]) in self._side_hosts]
+        others = [p for p in self.pending if id(p[1]) not in self._side_hosts]
         devices.synchronize_copies([h for _, h, _ in others])
         try:
             for name, host, tag in others:
@@ -425,6 +428,7 @@ class Recorder:
             self._write_failed(e)
         finally:
             self.pending.clear()
+            self._side_hosts.clear()
             self.pending_bytes = 0
 
     # -- progress and finish ----------------------------------------------------------------
