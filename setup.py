@@ -32,10 +32,16 @@ def _cuda_problem(torch: Any, cuda_home: str) -> str | None:
     if found.group(1) != str(torch.version.cuda).split(".")[0]:
         return f"nvcc is CUDA {found.group(1)}.{found.group(2)}, torch was built with CUDA {torch.version.cuda}"
     if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.device_count():
-        archs = [m.group(1) + "." + m.group(2) for a in torch.cuda.get_arch_list() if (m := re.fullmatch(r"sm_(\d+)(\d)", a))]
+        # torch's own list (get_arch_list is empty without a GPU on some torch versions), of what nvcc compiles
+        flags = getattr(torch._C, "_cuda_getArchFlags", None)
+        names = flags().split() if flags is not None else torch.cuda.get_arch_list()
+        listed = subprocess.run([nvcc, "--list-gpu-arch"], capture_output=True, text=True, timeout=60).stdout.split()
+        archs = [f"{m.group(1)}.{m.group(2)}" for a in names
+                 if (m := re.fullmatch(r"sm_(\d+)(\d)", a)) and f"compute_{m.group(1)}{m.group(2)}" in listed]
         if not archs:
-            return "no GPU is visible and torch names no CUDA architecture: set TORCH_CUDA_ARCH_LIST (e.g. 9.0)"
-        os.environ["TORCH_CUDA_ARCH_LIST"] = ";".join(archs)
+            return ("no GPU is visible and torch names no CUDA architecture that nvcc compiles: set "
+                    "TORCH_CUDA_ARCH_LIST (e.g. 9.0)")
+        os.environ["TORCH_CUDA_ARCH_LIST"] = ";".join(archs) + "+PTX"  # PTX of the newest: later GPUs JIT it
     return None
 
 

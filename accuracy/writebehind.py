@@ -143,7 +143,7 @@ class WriteBehind:
             except BaseException as e:  # noqa: BLE001 - handed to the caller by put/drain/close
                 del batch
                 with self._cond:
-                    self._error = e
+                    self._error = e.with_traceback(None)  # its frames would hold the batch's buffers
                     self._busy = False
                     self._queue.clear()
                     self._queued = 0  # nothing more will be written: no one waits on these bytes

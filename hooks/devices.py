@@ -47,7 +47,7 @@ class SideCopies:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.stream = torch.cuda.Stream(device)
-        self.pending = False  # copies queued since the last fence
+        self.fenced: set[int] = set()  # streams that waited for every copy queued so far
 
     @staticmethod
     def serves(t: torch.Tensor) -> bool:
@@ -62,7 +62,7 @@ class SideCopies:
             host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
             host.copy_(t, non_blocking=True)
         t.record_stream(self.stream)
-        self.pending = True
+        self.fenced.clear()
         return host
 
     def ready(self) -> Callable[[], object]:
@@ -72,10 +72,11 @@ class SideCopies:
         return event.synchronize
 
     def fence(self) -> None:
-        """The current stream waits (on the device) for the copies queued so far."""
-        if self.pending:
-            torch.cuda.current_stream(self.device).wait_stream(self.stream)
-            self.pending = False
+        """The current stream waits (on the device) for the copies queued so far (once per stream and copy)."""
+        current = torch.cuda.current_stream(self.device)
+        if current.stream_id not in self.fenced:
+            current.wait_stream(self.stream)
+            self.fenced.add(current.stream_id)
 
 
 def synchronize_copies(hosts: Iterable[torch.Tensor]) -> None:

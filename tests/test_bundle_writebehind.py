@@ -239,6 +239,20 @@ def test_add_views_reads_pieces_still_arriving_only_after_ready(tmp_path: Path, 
     assert (Bundle.open(tmp_path / "b.bundle").values("x") == 7.0).all()
 
 
+def test_a_ready_call_that_raises_adds_no_entry(tmp_path: Path) -> None:
+    """A failed copy (its event raised) leaves the header as it was: later tensors keep their offsets."""
+    def failed() -> None:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    w = BundleWriter(tmp_path / "b.bundle", spill_bytes=1 << 30)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        w.add_views([("lost", "F32", (4,), np.ones(4, np.float32).data)], ready=failed)
+    w.add_array("kept", np.arange(8, dtype=np.float32))
+    w.close(Manifest(run={"variant": "fp32"}))
+    b = Bundle.open(tmp_path / "b.bundle")
+    assert sorted(b.tensors) == ["kept"] and b.values("kept").tolist() == list(range(8))
+
+
 def test_put_many_waits_for_room_and_keeps_the_order(tmp_path: Path) -> None:
     rng = np.random.default_rng(3)
     pieces = [rng.integers(0, 256, n, dtype=np.uint8) for n in (10, 3 << 20, 0, 5, 2 << 20, 1 << 20, 7)]

@@ -207,13 +207,13 @@ class BundleWriter:
                 refused.append((name, why))
                 continue
             size = view.nbytes
+            if ready is not None and (self._behind is None or (self._buffer is not None and self._offset + size < self._spill)):
+                ready()  # read here, not by the writer thread: the bytes must have arrived (before any entry)
+                ready = None
             self._entry(name, dtype, shape, size)
             self._entry_bytes += len(name) + 24 * len(shape) + 96
             begin = self._offset
             self._offset += size
-            if ready is not None and (self._behind is None or (self._buffer is not None and self._offset < self._spill)):
-                ready()  # read here, not by the writer thread: the bytes must have arrived
-                ready = None
             if self._buffer is not None and self._offset < self._spill:
                 self._buffer.append(bytes(view))  # a copy: the caller may reuse its buffer
                 continue

@@ -23,6 +23,7 @@
 
 #ifdef OPBAND_CUDA  // setup.py, when torch has CUDA and nvcc is found: CUDA outputs are summarised here too
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/Event.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #endif
 #include "stats_cuda.h"
@@ -235,6 +236,18 @@ struct Held {
   int64_t base;  // the index of its first record
 };
 
+#ifdef OPBAND_CUDA
+// A float32 buffer of kChunkRows device rows, allocated on `stream`. Another stream writes into it only
+// after waiting for `made` (the allocation is ordered on `stream` alone: the block may have been another
+// tensor's, still in use there), and records the buffer on itself, so freeing it waits for its launches.
+struct DeviceChunk {
+  at::Tensor rows;
+  c10::Stream stream;
+  c10::Event made{c10::DeviceType::CUDA};
+  std::vector<c10::StreamId> joined;  // the other streams that waited for `made` and were recorded
+};
+#endif
+
 struct State {
   bool installed = false;
   bool on = false;  // recording: the recorder is active and not busy
@@ -285,8 +298,9 @@ struct State {
   // CUDA (OPBAND_CUDA builds): the device whose outputs are summarised here (-1: none), the rows launched
   // since the last drain (float32, kRow each, in chunks of kChunkRows) and the sample indices there
   int cuda_device = -1;
-  std::vector<at::Tensor> device_chunks;
-  std::vector<c10::Stream> chunk_streams;  // the stream each chunk was allocated on
+#ifdef OPBAND_CUDA
+  std::vector<DeviceChunk> device_chunks;
+#endif
   int64_t device_rows = 0;
   // by (numel, stream id): made on the stream whose launches read it, so never read before it is written
   std::map<std::pair<int64_t, int64_t>, at::Tensor> device_sample_index;
@@ -482,13 +496,17 @@ void device_row(const at::Tensor& t, Out& out) {
       const int64_t slot = state->device_rows;
       const size_t chunk = static_cast<size_t>(slot / kChunkRows);
       if (chunk == state->device_chunks.size()) {
-        state->device_chunks.push_back(at::empty({kChunkRows, kRow}, t.options().dtype(at::kFloat)));
-        state->chunk_streams.push_back(stream);
+        DeviceChunk& made = state->device_chunks.emplace_back(
+            DeviceChunk{at::empty({kChunkRows, kRow}, t.options().dtype(at::kFloat)), stream});
+        made.made.record(stream);
       }
-      at::Tensor& rows = state->device_chunks[chunk];
-      if (state->chunk_streams[chunk] != stream)
-        c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->recordDataPtrOnStream(rows.storage().data_ptr(), stream);
-      float* row = rows.mutable_data_ptr<float>() + (slot % kChunkRows) * kRow;
+      DeviceChunk& c = state->device_chunks[chunk];
+      if (c.stream != stream && std::find(c.joined.begin(), c.joined.end(), stream.id()) == c.joined.end()) {
+        c.made.block(stream);
+        c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->recordDataPtrOnStream(c.rows.storage().data_ptr(), stream);
+        c.joined.push_back(stream.id());
+      }
+      float* row = c.rows.mutable_data_ptr<float>() + (slot % kChunkRows) * kRow;
       launch_row(t, device_sample_index(t.numel(), stream), kSample, row, stream);
       out.device_row = slot;
       ++state->device_rows;
@@ -509,7 +527,7 @@ void fetch_device_rows() {
     std::vector<at::Tensor> host;
     for (int64_t first = 0, c = 0; first < state->device_rows; first += kChunkRows, ++c) {
       const int64_t rows = std::min(kChunkRows, state->device_rows - first);
-      host.push_back(state->device_chunks[static_cast<size_t>(c)].narrow(0, 0, rows).to(at::kCPU).to(at::kDouble));
+      host.push_back(state->device_chunks[static_cast<size_t>(c)].rows.narrow(0, 0, rows).to(at::kCPU).to(at::kDouble));
     }
     auto fill = [&](std::vector<Out>& outs) {
       for (Out& o : outs) {
@@ -1642,7 +1660,8 @@ py::tuple lines_of(int64_t base, py::dict dtype_names) {
 py::tuple drain_lines(int64_t base, py::dict dtype_names, bool defer) {
   std::lock_guard<std::mutex> lock(records_lock);
   if (state == nullptr) return py::make_tuple(py::bytes(), 0);
-  if (defer && !state->outs.empty() && (state->defer_all || state->device_rows > 0)) {
+  if (defer && (state->defer_all || state->device_rows > 0)) {  // a sync now: the records wait instead
+    if (state->outs.empty()) return py::make_tuple(py::bytes(), 0);
     const auto count = static_cast<int64_t>(state->outs.size());
     Held& h = state->held.emplace_back();
     h.calls.swap(state->calls);
@@ -1665,14 +1684,19 @@ py::list held_lines(py::dict dtype_names) {
 #ifdef OPBAND_CUDA
   fetch_device_rows();
 #endif
+  struct Swapped {  // a held segment in State's place while its lines are written; the current one back after
+    Held& h;
+    explicit Swapped(Held& held) : h(held) { swap(); }
+    ~Swapped() { swap(); }
+    void swap() {
+      h.calls.swap(state->calls);
+      h.outs.swap(state->outs);
+      h.ints.swap(state->ints);
+    }
+  };
   for (Held& h : state->held) {
-    h.calls.swap(state->calls);
-    h.outs.swap(state->outs);
-    h.ints.swap(state->ints);
+    const Swapped in_place(h);
     out.append(lines_of(h.base, dtype_names));
-    h.calls.swap(state->calls);  // the records made since the last drain come back
-    h.outs.swap(state->outs);
-    h.ints.swap(state->ints);
   }
   state->held.clear();
   return out;
