@@ -21,8 +21,8 @@ under the same key, after the observer's records so far were drained into the re
 A summary capture of a model on one CUDA device takes this path too when the module was built with
 CUDA (``setup.py``: a CUDA torch and nvcc at install time; ``hooks._observer.CUDA``): each CUDA output's
 row is launched from C++ on the op's current stream (``hooks/native/stats_cuda.cu``) into a row buffer
-on the device, no host sync per op, and the rows come back in one copy at the next drain (the end of
-the capture, or an op handed to Python). The dispatch mode computes CUDA rows with the same kernel
+on the device, no host sync per op, and the rows come back in one copy at the end of the capture (a
+drain inside the forward, for an op handed to Python, holds the records made so far until then). The dispatch mode computes CUDA rows with the same kernel
 (:func:`hooks.tensors.device_stats`), so both engines write the same bits.
 
 In full mode the observer also decides, by the recorder's rules (``Recorder._store``), which tensor
@@ -134,7 +134,7 @@ def why_not(opts: CaptureOptions, model: torch.nn.Module) -> str | None:
         return None
     if {d.type for d in accelerators} != {"cuda"} or len(accelerators) > 1:
         return "the observer summarises CPU and single-GPU CUDA tensors; this model's take the dispatch mode"
-    if not getattr(_observer, "CUDA", False):
+    if native_module.with_cuda() is None:
         return ("hooks._observer was built without CUDA (no CUDA torch or nvcc at install time): reinstall with "
                 "`pip install --no-build-isolation` where both are, or CUDA models take the dispatch mode")
     if opts.mode == "full":

@@ -234,6 +234,7 @@ struct Held {
   std::vector<Out> outs;
   std::vector<int64_t> ints;
   int64_t base;  // the index of its first record
+  void trade();  // its records for State's (defined after State)
 };
 
 #ifdef OPBAND_CUDA
@@ -312,6 +313,12 @@ struct State {
 };
 
 State* state = nullptr;
+
+void Held::trade() {
+  calls.swap(state->calls);
+  outs.swap(state->outs);
+  ints.swap(state->ints);
+}
 // Guards the records and rows against a drain from another thread (global module hooks fire on any
 // thread). The GIL is never taken while it is held: a thread holding the GIL may be waiting for it.
 std::mutex records_lock;
@@ -1664,9 +1671,7 @@ py::tuple drain_lines(int64_t base, py::dict dtype_names, bool defer) {
     if (state->outs.empty()) return py::make_tuple(py::bytes(), 0);
     const auto count = static_cast<int64_t>(state->outs.size());
     Held& h = state->held.emplace_back();
-    h.calls.swap(state->calls);
-    h.outs.swap(state->outs);
-    h.ints.swap(state->ints);
+    h.trade();
     h.base = base;
     return py::make_tuple(py::none(), count);
   }
@@ -1686,13 +1691,8 @@ py::list held_lines(py::dict dtype_names) {
 #endif
   struct Swapped {  // a held segment in State's place while its lines are written; the current one back after
     Held& h;
-    explicit Swapped(Held& held) : h(held) { swap(); }
-    ~Swapped() { swap(); }
-    void swap() {
-      h.calls.swap(state->calls);
-      h.outs.swap(state->outs);
-      h.ints.swap(state->ints);
-    }
+    explicit Swapped(Held& held) : h(held) { h.trade(); }
+    ~Swapped() { h.trade(); }
   };
   for (Held& h : state->held) {
     const Swapped in_place(h);
@@ -1766,11 +1766,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("row_of", &row_of, "the statistics row of an output that holds the same memory, or None");
   m.def("epoch", &epoch, "ops that wrote in place so far");
   m.def("scalar_type_of", &scalar_type_of, "a tensor's c10::ScalarType code");
-  m.attr("TORCH_VERSION") = OPBAND_TORCH_VERSION;
+  m.attr("TORCH_VERSION") = OPBAND_TORCH_VERSION;  // the torch it was built against (setup.py)
 #ifdef OPBAND_CUDA
   m.def("cuda_stats_row", &cuda_stats_row, "device_stats's row of a CUDA tensor, by this module's kernel (no host sync)");
   m.attr("CUDA") = true;  // summarises CUDA outputs (built with nvcc against a CUDA torch)
 #else
   m.attr("CUDA") = false;
-#endif  // the torch it was built against (setup.py)
+#endif
 }
